@@ -1,0 +1,50 @@
+from rest_framework import serializers
+
+from ..models import Cluster, Node, Operation
+
+
+class OperationSerializer(serializers.ModelSerializer):
+    done = serializers.BooleanField(read_only=True)
+    error = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Operation
+        fields = [
+            "id", "kind", "target", "state", "done", "progress", "status_message",
+            "error", "create_time", "end_time",
+        ]
+
+    def get_error(self, op: Operation) -> dict | None:
+        if not op.error_code:
+            return None
+        return {"code": op.error_code, "message": op.error_message}
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", default=None, read_only=True)
+    node_count = serializers.IntegerField(read_only=True, default=0)
+    ready_node_count = serializers.IntegerField(read_only=True, default=0)
+    gpu_count = serializers.IntegerField(read_only=True, default=0)
+
+    class Meta:
+        model = Cluster
+        fields = [
+            "cluster_id", "display_name", "provider", "state", "state_message", "labels",
+            "node_count", "ready_node_count", "gpu_count", "owner", "spec",
+            "create_time", "update_time",
+        ]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    pool = serializers.CharField(source="pool.pool_id", read_only=True)
+    gpus = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "name", "pool", "partition", "slurm_state", "slurm_reason", "health",
+            "lifecycle", "cpus", "gpus", "provider_id", "state_time",
+        ]
+
+    def get_gpus(self, node: Node) -> dict:
+        return {"count": node.gpus, "type": node.gpu_type, "emulated": node.gpus_emulated}

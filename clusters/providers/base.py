@@ -1,0 +1,81 @@
+"""What every provider does; services call only these methods."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clusters.models import Cluster, Node
+    from jobs.slurm import SlurmClient, SlurmNode
+
+
+class ProviderError(Exception):
+    """A provider step failed. ``permanent`` errors are not retried."""
+
+    def __init__(self, message: str, *, code: str = "PROVIDER_ERROR", permanent: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.permanent = permanent
+
+
+class Provider(ABC):
+    name: str
+    gpus_emulated: bool = False
+
+    @abstractmethod
+    def apply(self, cluster: Cluster, nodes: list[Node]) -> None:
+        """Bring controller and ``nodes`` up, matching the cluster's rows. Idempotent."""
+
+    @abstractmethod
+    def wait_ready(self, cluster: Cluster, names: list[str], *, timeout: float) -> None:
+        """Return when every named node has registered with Slurm; raise on timeout."""
+
+    @abstractmethod
+    def delete_nodes(self, cluster: Cluster, nodes: list[Node]) -> None:
+        """Stop and remove these nodes (already drained). Idempotent."""
+
+    @abstractmethod
+    def delete_cluster(self, cluster: Cluster) -> None:
+        """Stop every daemon or instance of the cluster and remove what it made."""
+
+    @abstractmethod
+    def controller_alive(self, cluster: Cluster) -> bool: ...
+
+    @abstractmethod
+    def slurm(self, cluster: Cluster) -> SlurmClient:
+        """The Slurm adapter pointed at this cluster."""
+
+    def describe(self, cluster: Cluster) -> list[SlurmNode]:
+        """Slurm's view of the nodes, from one sinfo call."""
+        return self.slurm(cluster).nodes()
+
+    def drain_nodes(self, cluster: Cluster, names: list[str], reason: str) -> None:
+        if names:
+            self.slurm(cluster).node_update(names, state="DRAIN", reason=reason)
+
+    def nodes_drained(self, cluster: Cluster, names: list[str]) -> bool:
+        """True once none of the named nodes runs a job any more."""
+        seen = {n.name: n for n in self.slurm(cluster).nodes()}
+        return all(name not in seen or seen[name].state in ("IDLE", "DOWN") for name in names)
+
+    @abstractmethod
+    def reboot_node(self, cluster: Cluster, node: Node) -> None: ...
+
+    @abstractmethod
+    def reimage_node(self, cluster: Cluster, node: Node) -> None: ...
+
+    def login_command(self, cluster: Cluster) -> str:
+        return ""
+
+
+def get_provider(name: str) -> Provider:
+    from .local import LocalProvider
+
+    providers: dict[str, type[Provider]] = {"local": LocalProvider}
+    if name not in providers:
+        raise ProviderError(
+            f"Provider '{name}' is not available in this installation.",
+            code="PROVIDER_UNAVAILABLE", permanent=True,
+        )
+    return providers[name]()

@@ -1,0 +1,306 @@
+"""The local provider: real Slurm daemons on this machine (DESIGN.md section 3).
+
+Per cluster, ``$MTC_DATA_DIR/clusters/<id>/`` holds etc/ (slurm.conf, gres.conf,
+munge.key), run/ (pid files, munge socket), log/, state/ and nodes/<node>/
+(spool, emulated GPU device files, scratch). One munged and one slurmctld per
+cluster, one ``slurmd -N <node>`` per node. The daemons detach from whoever
+started them, so a cluster outlives a restart of the web stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+from jobs.slurm import SlurmClient, SlurmError
+
+from .. import slurm_config
+from . import procs
+from .base import Provider, ProviderError
+
+if TYPE_CHECKING:
+    from clusters.models import Cluster, Node
+
+log = logging.getLogger(__name__)
+READY_STATES = {"IDLE", "ALLOCATED", "MIXED", "COMPLETING"}
+
+
+def host_gpu_devices() -> list[str]:
+    """Real NVIDIA device files on this host, if any."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    return sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+
+
+class LocalProvider(Provider):
+    name = "local"
+
+    def __init__(self) -> None:
+        self.real_gpus = host_gpu_devices()
+        self.gpus_emulated = not self.real_gpus
+
+    # --- paths -----------------------------------------------------------
+    def root(self, cluster: Cluster) -> Path:
+        return Path(settings.DATA_DIR) / "clusters" / cluster.cluster_id
+
+    def conf_path(self, cluster: Cluster) -> Path:
+        return self.root(cluster) / "etc" / "slurm.conf"
+
+    def munge_socket(self, cluster: Cluster) -> str:
+        path = str(self.root(cluster) / "run" / "munge.sock")
+        if len(path) < 100:  # AF_UNIX paths are limited to 108 bytes
+            return path
+        digest = hashlib.sha1(path.encode()).hexdigest()[:16]
+        return f"/tmp/mtc-munge-{digest}.sock"
+
+    def node_dir(self, cluster: Cluster, name: str) -> Path:
+        return self.root(cluster) / "nodes" / name
+
+    def slurm(self, cluster: Cluster) -> SlurmClient:
+        return SlurmClient(self.conf_path(cluster))
+
+    def login_command(self, cluster: Cluster) -> str:
+        return f"SLURM_CONF={self.conf_path(cluster)} sinfo"
+
+    # --- daemons ---------------------------------------------------------
+    def _env(self, cluster: Cluster) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.conf_path(cluster))
+        return env
+
+    def _spawn(self, cluster: Cluster, args: list[str]) -> None:
+        """Start a daemon that forks into the background; its output goes to log/."""
+        with open(self.root(cluster) / "log" / "daemons.out", "ab") as out:
+            proc = subprocess.run(
+                args, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                env=self._env(cluster), timeout=30, check=False, start_new_session=True,
+            )
+        if proc.returncode != 0:
+            raise ProviderError(
+                f"{args[0]} failed to start (exit {proc.returncode}); see "
+                f"{self.root(cluster) / 'log'}", code="DAEMON_START_FAILED",
+            )
+
+    def _munged_pid(self, cluster: Cluster) -> int | None:
+        return procs.daemon_pid(
+            self.root(cluster) / "run" / "munged.pid", self.munge_socket(cluster)
+        )
+
+    def _slurmctld_pid(self, cluster: Cluster) -> int | None:
+        return procs.daemon_pid(
+            self.root(cluster) / "run" / "slurmctld.pid", str(self.conf_path(cluster))
+        )
+
+    def _slurmd_pid(self, cluster: Cluster, name: str) -> int | None:
+        return procs.daemon_pid(
+            self.root(cluster) / "run" / f"slurmd-{name}.pid", str(self.conf_path(cluster))
+        )
+
+    def _ensure_munged(self, cluster: Cluster) -> None:
+        root = self.root(cluster)
+        key = root / "etc" / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o400)
+        if self._munged_pid(cluster):
+            return
+        socket = self.munge_socket(cluster)
+        Path(socket).unlink(missing_ok=True)
+        self._spawn(cluster, [
+            "munged", "--force", f"--socket={socket}", f"--key-file={key}",
+            f"--log-file={root / 'log' / 'munged.log'}",
+            f"--pid-file={root / 'run' / 'munged.pid'}",
+            f"--seed-file={root / 'run' / 'munged.seed'}",
+        ])
+        self._wait(lambda: Path(socket).exists(), 5, "munged did not create its socket")
+
+    def _start_slurmctld(self, cluster: Cluster) -> None:
+        self._spawn(cluster, ["slurmctld", "-f", str(self.conf_path(cluster))])
+        client = self.slurm(cluster)
+        self._wait(client.ping, 20, "slurmctld did not answer")
+
+    def _stop_pid(self, pid: int | None) -> None:
+        if pid and procs.stop([pid]):
+            raise ProviderError(f"process {pid} would not stop", code="DAEMON_STOP_FAILED")
+
+    @staticmethod
+    def _wait(predicate, timeout: float, message: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        raise ProviderError(message, code="TIMEOUT")
+
+    # --- config ----------------------------------------------------------
+    def _gpu_files(self, cluster: Cluster, node: Node) -> str:
+        if self.real_gpus:
+            return ",".join(self.real_gpus[: node.gpus])
+        dev = self.node_dir(cluster, node.name) / "dev"
+        dev.mkdir(parents=True, exist_ok=True)
+        for i in range(node.gpus):
+            (dev / f"nvidia{i}").touch()
+        return f"{dev}/nvidia[0-{node.gpus - 1}]" if node.gpus > 1 else f"{dev}/nvidia0"
+
+    def _write_hooks(self, cluster: Cluster, kind: str, scripts: list[str]) -> str:
+        """Prolog/epilog scripts from the spec, run in order by one wrapper."""
+        hook_dir = self.root(cluster) / "etc" / f"{kind}.d"
+        shutil.rmtree(hook_dir, ignore_errors=True)
+        if not scripts:
+            return ""
+        hook_dir.mkdir(parents=True)
+        for i, script in enumerate(scripts):
+            (hook_dir / f"{i:02d}.sh").write_text(script)
+        wrapper = self.root(cluster) / "etc" / f"{kind}.sh"
+        wrapper.write_text(
+            "#!/bin/bash\nset -e\n"
+            f'for script in "{hook_dir}"/*.sh; do /bin/bash "$script"; done\n'
+        )
+        wrapper.chmod(0o755)
+        return str(wrapper)
+
+    def _render(self, cluster: Cluster, nodes: list[Node]) -> bool:
+        """Write slurm.conf and gres.conf; return True when either changed."""
+        slurm_spec = cluster.spec["orchestrator_spec"]["slurm_spec"]
+        pools_of_partition = {p["id"]: p for p in slurm_spec["partitions"]}
+        partitions = [
+            slurm_config.PartitionConf(
+                name=pid,
+                nodes=tuple(n.name for n in nodes if n.pool.pool_id in part["node_pool_ids"]),
+                default=bool(part.get("default")),
+            )
+            for pid, part in pools_of_partition.items()
+        ]
+        conf = slurm_config.ClusterConf(
+            cluster_id=cluster.cluster_id,
+            root=self.root(cluster),
+            controller_port=cluster.controller_port,
+            nodes=[
+                slurm_config.NodeConf(
+                    name=n.name, port=n.port, cpus=n.cpus, pool_id=n.pool.pool_id,
+                    gpus=n.gpus, gpu_type=n.gpu_type,
+                    gpu_files=self._gpu_files(cluster, n) if n.gpus else "",
+                )
+                for n in nodes
+            ],
+            partitions=partitions,
+            munge_socket=self.munge_socket(cluster),
+            overrides={str(k): str(v) for k, v in slurm_spec["config_overrides"].items()},
+            prolog=self._write_hooks(cluster, "prolog", slurm_spec["prolog_bash_scripts"]),
+            epilog=self._write_hooks(cluster, "epilog", slurm_spec["epilog_bash_scripts"]),
+        )
+        changed = False
+        etc = self.root(cluster) / "etc"
+        for filename, text in (
+            ("slurm.conf", slurm_config.render_slurm_conf(conf)),
+            ("gres.conf", slurm_config.render_gres_conf(conf)),
+        ):
+            path = etc / filename
+            if not path.exists() or path.read_text() != text:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(text)
+                tmp.replace(path)
+                changed = True
+        return changed
+
+    # --- Provider --------------------------------------------------------
+    def apply(self, cluster: Cluster, nodes: list[Node]) -> None:
+        root = self.root(cluster)
+        for sub in ("etc", "run", "log", "state", "nodes"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        for node in nodes:
+            for sub in ("spool", "scratch"):
+                (self.node_dir(cluster, node.name) / sub).mkdir(parents=True, exist_ok=True)
+        self._ensure_munged(cluster)
+        changed = self._render(cluster, nodes)
+        ctld = self._slurmctld_pid(cluster)
+        running_slurmds = [n for n in nodes if self._slurmd_pid(cluster, n.name)]
+        if ctld and changed:
+            # Adding or removing nodes needs a controller restart in Slurm 22.05;
+            # its state (jobs, drains) is kept in state/.
+            self._stop_pid(ctld)
+            ctld = None
+        if not ctld:
+            self._start_slurmctld(cluster)
+            if changed and running_slurmds:
+                self.slurm(cluster).reconfigure()  # running slurmds re-read the config
+        for node in nodes:
+            if not self._slurmd_pid(cluster, node.name):
+                self._spawn(cluster, [
+                    "slurmd", "-f", str(self.conf_path(cluster)), "-N", node.name,
+                ])
+
+    def wait_ready(self, cluster: Cluster, names: list[str], *, timeout: float = 60) -> None:
+        client = self.slurm(cluster)
+        wanted = set(names)
+
+        def ready() -> bool:
+            try:
+                seen = {n.name: n for n in client.nodes()}
+            except SlurmError:
+                return False
+            return all(
+                name in seen and seen[name].state in READY_STATES
+                and "NOT_RESPONDING" not in seen[name].flags
+                for name in wanted
+            )
+
+        self._wait(ready, timeout, f"nodes did not register with Slurm within {timeout:.0f}s")
+
+    def delete_nodes(self, cluster: Cluster, nodes: list[Node]) -> None:
+        for node in nodes:
+            self._stop_pid(self._slurmd_pid(cluster, node.name))
+            shutil.rmtree(self.node_dir(cluster, node.name), ignore_errors=True)
+            (self.root(cluster) / "run" / f"slurmd-{node.name}.pid").unlink(missing_ok=True)
+
+    def delete_cluster(self, cluster: Cluster) -> None:
+        root = self.root(cluster)
+        if not root.exists():
+            return
+        if self._slurmctld_pid(cluster):
+            try:
+                self.slurm(cluster).cancel_all()
+            except SlurmError as exc:
+                log.warning("cancelling jobs of %s: %s", cluster.cluster_id, exc)
+        pids = [
+            pid for pid in (self._slurmctld_pid(cluster), self._munged_pid(cluster)) if pid
+        ]
+        pids += procs.processes_mentioning(str(root))
+        left = procs.stop(sorted(set(pids)))
+        if left:
+            raise ProviderError(f"processes {left} would not stop", code="DAEMON_STOP_FAILED")
+        Path(self.munge_socket(cluster)).unlink(missing_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+    def stop_cluster(self, cluster: Cluster) -> None:
+        """Stop the daemons but keep the files, as when the machine powers off."""
+        root = self.root(cluster)
+        if root.exists():
+            procs.stop(sorted(set(procs.processes_mentioning(str(root)))))
+
+    def controller_alive(self, cluster: Cluster) -> bool:
+        return self._slurmctld_pid(cluster) is not None
+
+    def node_alive(self, cluster: Cluster, name: str) -> bool:
+        return self._slurmd_pid(cluster, name) is not None
+
+    def reboot_node(self, cluster: Cluster, node: Node) -> None:
+        self._stop_pid(self._slurmd_pid(cluster, node.name))
+        self._spawn(cluster, ["slurmd", "-f", str(self.conf_path(cluster)), "-N", node.name])
+
+    def reimage_node(self, cluster: Cluster, node: Node) -> None:
+        self._stop_pid(self._slurmd_pid(cluster, node.name))
+        shutil.rmtree(self.node_dir(cluster, node.name), ignore_errors=True)
+        for sub in ("spool", "scratch"):
+            (self.node_dir(cluster, node.name) / sub).mkdir(parents=True, exist_ok=True)
+        if node.gpus:
+            self._gpu_files(cluster, node)
+        self._spawn(cluster, ["slurmd", "-f", str(self.conf_path(cluster)), "-N", node.name])

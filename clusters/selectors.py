@@ -1,0 +1,48 @@
+"""Reads for pages and the API: one query per list, whatever its length."""
+
+from django.db.models import Count, Prefetch, Q, QuerySet, Sum
+
+from .choices import OPERATION_ACTIVE_STATES
+from .models import Cluster, Node, Operation
+
+_READY = Q(nodes__slurm_state__in=["IDLE", "ALLOCATED", "MIXED", "COMPLETING"])
+
+
+def cluster_list() -> QuerySet[Cluster]:
+    return Cluster.objects.select_related("owner").annotate(
+        node_count=Count("nodes", distinct=True),
+        ready_node_count=Count("nodes", filter=_READY, distinct=True),
+        gpu_count=Sum("nodes__gpus"),
+    ).order_by("cluster_id")
+
+
+def cluster_get(cluster_id: str) -> Cluster:
+    return cluster_list().prefetch_related("pools").get(cluster_id=cluster_id)
+
+
+def cluster_nodes(cluster: Cluster) -> QuerySet[Node]:
+    return cluster.nodes.select_related("pool").order_by("pool__pool_id", "index")
+
+
+def cluster_operations(cluster: Cluster, limit: int = 10) -> list[Operation]:
+    return list(cluster.operations.all()[:limit])
+
+
+def cluster_active_operation(cluster: Cluster) -> Operation | None:
+    return cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).first()
+
+
+def node_state_counts(clusters: QuerySet[Cluster] | None = None) -> dict[str, int]:
+    qs = Node.objects.all()
+    if clusters is not None:
+        qs = qs.filter(cluster__in=clusters)
+    return dict(
+        qs.values_list("slurm_state").annotate(n=Count("id")).order_by("slurm_state")
+    )
+
+
+def clusters_with_nodes() -> QuerySet[Cluster]:
+    """Clusters with their nodes prefetched in one extra query (dashboard grids)."""
+    return cluster_list().prefetch_related(
+        Prefetch("nodes", queryset=Node.objects.order_by("pool__pool_id", "index"))
+    )

@@ -1,0 +1,125 @@
+"""Renders a cluster's slurm.conf and gres.conf from its rows (pure functions)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class NodeConf:
+    name: str
+    port: int
+    cpus: int
+    pool_id: str
+    gpus: int = 0
+    gpu_type: str = ""
+    gpu_files: str = ""  # e.g. /path/dev/nvidia[0-7]
+
+
+@dataclass(frozen=True)
+class PartitionConf:
+    name: str
+    nodes: tuple[str, ...]
+    default: bool = False
+
+
+@dataclass
+class ClusterConf:
+    cluster_id: str
+    root: Path
+    controller_port: int
+    nodes: list[NodeConf]
+    partitions: list[PartitionConf]
+    munge_socket: str
+    overrides: dict[str, str] = field(default_factory=dict)
+    prolog: str = ""
+    epilog: str = ""
+
+
+def gres_type(accelerator_type: str) -> str:
+    """NVIDIA_H200_141GB -> h200: the GRES type users ask for (--gpus=h200:8)."""
+    words = [w for w in accelerator_type.lower().split("_") if w and w != "nvidia"]
+    name = re.sub(r"[^a-z0-9]", "", words[0]) if words else "gpu"
+    return name or "gpu"
+
+
+def render_slurm_conf(conf: ClusterConf) -> str:
+    root = conf.root
+    settings: dict[str, str] = {
+        "ClusterName": conf.cluster_id.replace("-", "_")[:40],
+        "SlurmctldHost": "localhost(127.0.0.1)",
+        "SlurmctldPort": str(conf.controller_port),
+        "AuthType": "auth/munge",
+        "AuthInfo": f"socket={conf.munge_socket}",
+        "CredType": "cred/munge",
+        "SlurmUser": "root",
+        "SlurmdUser": "root",
+        "StateSaveLocation": str(root / "state"),
+        "SlurmdSpoolDir": str(root / "nodes" / "%n" / "spool"),
+        "SlurmctldPidFile": str(root / "run" / "slurmctld.pid"),
+        "SlurmdPidFile": str(root / "run" / "slurmd-%n.pid"),
+        "SlurmctldLogFile": str(root / "log" / "slurmctld.log"),
+        "SlurmdLogFile": str(root / "log" / "slurmd-%n.log"),
+        # Containers and laptops rarely give cgroups to nested daemons.
+        "ProctrackType": "proctrack/linuxproc",
+        "TaskPlugin": "task/none",
+        "SelectType": "select/cons_tres",
+        "SelectTypeParameters": "CR_Core",
+        "JobAcctGatherType": "jobacct_gather/none",
+        "AccountingStorageType": "accounting_storage/none",
+        "JobCompType": "jobcomp/none",
+        "MpiDefault": "none",
+        "SchedulerType": "sched/backfill",
+        "GresTypes": "gpu",
+        # Lets a node advertise more CPUs/GPUs than this host has.
+        "SlurmdParameters": "config_overrides",
+        # A node that comes back registers as usable again.
+        "ReturnToService": "2",
+        # Low so a dead node is noticed in seconds rather than minutes.
+        "SlurmdTimeout": "10",
+        "SlurmctldTimeout": "10",
+        "MessageTimeout": "10",
+        "KillWait": "5",
+        "InactiveLimit": "0",
+        "MinJobAge": "300",
+        "JobRequeue": "1",
+    }
+    if conf.prolog:
+        settings["Prolog"] = conf.prolog
+    if conf.epilog:
+        settings["Epilog"] = conf.epilog
+    lower = {k.lower(): k for k in settings}
+    for key, value in conf.overrides.items():
+        settings[lower.get(key.lower(), key)] = str(value)
+
+    lines = [
+        "# Written by mtc from the cluster spec; edits are overwritten.",
+        *(f"{key}={value}" for key, value in settings.items()),
+        "",
+    ]
+    for node in conf.nodes:
+        gres = f" Gres=gpu:{node.gpu_type}:{node.gpus}" if node.gpus else ""
+        lines.append(
+            f"NodeName={node.name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={node.port}"
+            f" CPUs={node.cpus} Features={node.pool_id}{gres} State=UNKNOWN"
+        )
+    lines.append("")
+    for part in conf.partitions:
+        nodes = f" Nodes={','.join(part.nodes)}" if part.nodes else ""
+        default = "YES" if part.default else "NO"
+        lines.append(
+            f"PartitionName={part.name}{nodes} Default={default} MaxTime=INFINITE State=UP"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(conf: ClusterConf) -> str:
+    lines = ["# Written by mtc.", "AutoDetect=off"]
+    for node in conf.nodes:
+        if node.gpus:
+            lines.append(
+                f"NodeName={node.name} Name=gpu Type={node.gpu_type} File={node.gpu_files}"
+            )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,152 @@
+"""Every Slurm call as an argument list (never a shell), with the cluster's
+SLURM_CONF, a timeout, and errors split into transient and permanent."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,79}$")
+# Messages Slurm prints when the controller is down or slow: worth a retry.
+TRANSIENT_MARKERS = (
+    "unable to contact slurm controller",
+    "connection refused",
+    "socket timed out",
+    "connect failure",
+    "zero bytes were transmitted",
+    "communication connection failure",
+    "timed out",
+)
+
+
+class SlurmError(Exception):
+    def __init__(self, message: str, *, permanent: bool, command: list[str] | None = None):
+        super().__init__(message)
+        self.permanent = permanent
+        self.command = command or []
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str  # Slurm's base state, upper case: IDLE, ALLOCATED, MIXED, DOWN, ...
+    flags: tuple[str, ...]  # DRAIN, NOT_RESPONDING, ...
+    reason: str
+    cpus: int
+    gres: str
+
+    @property
+    def display_state(self) -> str:
+        """One word like sinfo's %T: idle, drained, draining, down*, ..."""
+        state = self.state.lower()
+        if "DRAIN" in self.flags:
+            state = "drained" if self.state in ("IDLE", "DOWN") else "draining"
+        if "NOT_RESPONDING" in self.flags:
+            state += "*"
+        return state
+
+
+class SlurmClient:
+    def __init__(self, conf_path: Path | str, *, timeout: float = 15.0):
+        self.conf_path = str(conf_path)
+        self.timeout = timeout
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SLURM_CONF"] = self.conf_path
+        return env
+
+    def run(self, args: list[str], *, stdin: str | None = None, timeout: float | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run(
+                args, input=stdin, capture_output=True, text=True, env=self.env(),
+                timeout=timeout or self.timeout, check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmError(f"{args[0]} timed out", permanent=False, command=args) from exc
+        except FileNotFoundError as exc:
+            raise SlurmError(f"{args[0]} is not installed", permanent=True, command=args) from exc
+        if check and proc.returncode != 0:
+            message = (proc.stderr or proc.stdout).strip() or f"{args[0]} exited {proc.returncode}"
+            transient = any(m in message.lower() for m in TRANSIENT_MARKERS)
+            raise SlurmError(message, permanent=not transient, command=args)
+        return proc
+
+    # --- reads -----------------------------------------------------------
+    def ping(self) -> bool:
+        try:
+            out = self.run(["scontrol", "ping"], timeout=5, check=False).stdout
+        except SlurmError:
+            return False
+        return "is UP" in out
+
+    def nodes(self) -> list[SlurmNode]:
+        """All nodes, from one `sinfo` call (formatted output: fast and stable)."""
+        out = self.run(
+            ["sinfo", "--noheader", "--Node", "--format=%N|%T|%c|%G|%E", "--noconvert"]
+        ).stdout
+        nodes: dict[str, SlurmNode] = {}
+        for line in out.splitlines():
+            parts = line.split("|", 4)
+            if len(parts) != 5:
+                continue
+            name, state, cpus, gres, reason = parts
+            nodes[name] = parse_sinfo_state(name, state, cpus, gres, reason)
+        return list(nodes.values())
+
+    def nodes_json(self) -> list[dict]:
+        return json.loads(self.run(["sinfo", "--json"]).stdout).get("nodes", [])
+
+    # --- writes ----------------------------------------------------------
+    def node_update(self, names: list[str], *, state: str, reason: str = "") -> None:
+        for name in names:
+            if not NODE_NAME_RE.match(name):
+                raise SlurmError(f"invalid node name {name!r}", permanent=True)
+        args = ["scontrol", "update", f"NodeName={','.join(names)}", f"State={state}"]
+        if reason:
+            args.append(f"Reason={reason}")
+        self.run(args)
+
+    def reconfigure(self) -> None:
+        self.run(["scontrol", "reconfigure"])
+
+    def cancel_all(self) -> None:
+        out = self.run(["squeue", "--noheader", "--format=%A"], check=False).stdout
+        ids = [j for j in out.split() if j.isdigit()]
+        if ids:
+            self.run(["scancel", *ids], check=False)
+
+
+# sinfo %T prints e.g. "idle", "drained", "draining", "down*", "idle~", "mixed-".
+_SUFFIX_FLAGS = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP",
+                 "%": "POWERING_DOWN", "!": "POWER_DOWN", "$": "MAINTENANCE", "@": "REBOOT",
+                 "^": "REBOOT_ISSUED", "-": "PLANNED"}
+
+
+def parse_sinfo_state(name: str, state: str, cpus: str, gres: str, reason: str) -> SlurmNode:
+    flags: list[str] = []
+    state = state.strip()
+    while state and state[-1] in _SUFFIX_FLAGS:
+        flags.append(_SUFFIX_FLAGS[state[-1]])
+        state = state[:-1]
+    base = state.upper()
+    if base in ("DRAINED", "DRAINING"):
+        flags.append("DRAIN")
+        base = "IDLE" if base == "DRAINED" else "ALLOCATED"
+    elif base.startswith("DOWN") or base == "NOT_RESPONDING":
+        base = "DOWN"
+    try:
+        cpu_count = int(cpus)
+    except ValueError:
+        cpu_count = 0
+    return SlurmNode(name=name, state=base, flags=tuple(flags),
+                     reason="" if reason.strip() == "none" else reason.strip(),
+                     cpus=cpu_count, gres="" if gres == "(null)" else gres)

@@ -1,0 +1,21 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from . import probes
+
+api_v1 = [
+    path("", include("clusters.api.urls")),
+]
+
+urlpatterns = [
+    path("healthz", probes.healthz, name="healthz"),
+    path("readyz", probes.readyz, name="readyz"),
+    path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("vendor/plotly.min.js", probes.plotly_js, name="plotly-js"),
+    path("", include("clusters.urls")),
+]

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian/Ubuntu machine lacks: Debian packages (apt-get, with
+# sudo when not root) and the .venv from pyproject.toml. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(slurm-wlm munge redis-server chromium python3-venv procps)
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.mtc-installed
+if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+  echo "setup: installing Python packages into .venv"
+  .venv/bin/pip install -q --upgrade pip >/dev/null
+  .venv/bin/pip install -q -e ".[dev]"
+  touch "$stamp"
+fi
