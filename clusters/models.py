@@ -74,7 +74,9 @@ class Node(models.Model):
     class Meta:
         ordering = ["cluster", "pool__pool_id", "index"]
         constraints = [
-            models.UniqueConstraint(fields=["cluster", "name"], name="node_name_unique_per_cluster"),
+            models.UniqueConstraint(
+                fields=["cluster", "name"], name="node_name_unique_per_cluster"
+            ),
             models.UniqueConstraint(fields=["pool", "index"], name="node_index_unique_per_pool"),
         ]
 

@@ -62,19 +62,21 @@ def operation_claim(*, operation_id: str) -> Operation | None:
     return operation
 
 
-def operation_progress(operation: Operation, progress: int | None = None, message: str = "") -> None:
+def operation_progress(
+    operation: Operation, progress: int | None = None, message: str = ""
+) -> None:
     """Renew the lease and record progress; raise Superseded if the Operation ended."""
     fields = {"lease_expires": timezone.now() + LEASE}
     if progress is not None:
         fields["progress"] = progress
     if message:
         fields["status_message"] = message[:500]
-    if not Operation.objects.filter(pk=operation.pk, state=OperationState.RUNNING).update(
-        **fields
-    ):
+    if not Operation.objects.filter(pk=operation.pk, state=OperationState.RUNNING).update(**fields):
         raise Superseded()
     if progress is not None:
         operation.progress = progress
+        if settings.MTC_OPERATION_STEP_DELAY:
+            time.sleep(settings.MTC_OPERATION_STEP_DELAY)
 
 
 def _finish(operation: Operation, state: str, *, code: str = "", message: str = "") -> bool:
@@ -92,10 +94,13 @@ def _finish(operation: Operation, state: str, *, code: str = "", message: str = 
 
 
 def operation_fail(operation: Operation, *, code: str, message: str) -> None:
-    if _finish(operation, OperationState.FAILED, code=code, message=message) and operation.cluster_id:
-        Cluster.objects.filter(pk=operation.cluster_id).exclude(
-            state=ClusterState.DELETING
-        ).update(state=ClusterState.ERROR, state_message=message[:500])
+    if (
+        _finish(operation, OperationState.FAILED, code=code, message=message)
+        and operation.cluster_id
+    ):
+        Cluster.objects.filter(pk=operation.cluster_id).exclude(state=ClusterState.DELETING).update(
+            state=ClusterState.ERROR, state_message=message[:500]
+        )
 
 
 # --- ports ---------------------------------------------------------------
@@ -111,7 +116,9 @@ def _port_free(port: int) -> bool:
 
 def allocate_ports(count: int) -> list[int]:
     """Ports no cluster in the database uses and nothing on this host listens on."""
-    used = set(Cluster.objects.exclude(controller_port=None).values_list("controller_port", flat=True))
+    used = set(
+        Cluster.objects.exclude(controller_port=None).values_list("controller_port", flat=True)
+    )
     used |= set(Node.objects.exclude(port=None).values_list("port", flat=True))
     low, high = settings.MTC_LOCAL_PORT_RANGE
     ports: list[int] = []
@@ -121,7 +128,9 @@ def allocate_ports(count: int) -> list[int]:
         if port not in used and _port_free(port):
             ports.append(port)
     if len(ports) < count:
-        raise ProviderError("No free ports left for local Slurm daemons.", code="RESOURCE_EXHAUSTED")
+        raise ProviderError(
+            "No free ports left for local Slurm daemons.", code="RESOURCE_EXHAUSTED"
+        )
     return ports
 
 
@@ -152,9 +161,13 @@ def _ensure_nodes(cluster: Cluster, emulated: bool) -> None:
                 with transaction.atomic():
                     for index, port in zip(missing, ports, strict=True):
                         Node.objects.create(
-                            cluster=cluster, pool=pool, index=index, port=port,
+                            cluster=cluster,
+                            pool=pool,
+                            index=index,
+                            port=port,
                             name=f"{cluster.cluster_id}-{pool.pool_id}-{index}",
-                            partition=",".join(pool.partitions), cpus=pool.cpus,
+                            partition=",".join(pool.partitions),
+                            cpus=pool.cpus,
                             gpus=pool.accelerator_count,
                             gpu_type=_gpu_type(pool) if pool.accelerator_count else "",
                             gpus_emulated=emulated and pool.accelerator_count > 0,
@@ -252,8 +265,9 @@ def operation_execute(*, operation_id: str) -> str:
     if operation is None:
         return "not-claimed"
     if operation.attempts > MAX_ATTEMPTS:
-        operation_fail(operation, code="TOO_MANY_ATTEMPTS",
-                       message=f"Gave up after {MAX_ATTEMPTS} attempts.")
+        operation_fail(
+            operation, code="TOO_MANY_ATTEMPTS", message=f"Gave up after {MAX_ATTEMPTS} attempts."
+        )
         return "failed"
     if operation.kind == OperationKind.DELETE_CLUSTER and operation.cluster_id:
         # Wait for a superseded create/update to let go of the daemons.
@@ -360,8 +374,10 @@ def clusters_restore() -> list[str]:
             continue
         with transaction.atomic():
             operation = Operation.objects.create(
-                kind=OperationKind.UPDATE_CLUSTER, target=f"clusters/{cluster.cluster_id}",
-                cluster=cluster, params={"reason": "restore"},
+                kind=OperationKind.UPDATE_CLUSTER,
+                target=f"clusters/{cluster.cluster_id}",
+                cluster=cluster,
+                params={"reason": "restore"},
                 status_message="Restarting daemons after a host restart",
             )
             Cluster.objects.filter(pk=cluster.pk).update(state=ClusterState.UPDATING)

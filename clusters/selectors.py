@@ -9,11 +9,15 @@ _READY = Q(nodes__slurm_state__in=["IDLE", "ALLOCATED", "MIXED", "COMPLETING"])
 
 
 def cluster_list() -> QuerySet[Cluster]:
-    return Cluster.objects.select_related("owner").annotate(
-        node_count=Count("nodes", distinct=True),
-        ready_node_count=Count("nodes", filter=_READY, distinct=True),
-        gpu_count=Sum("nodes__gpus"),
-    ).order_by("cluster_id")
+    return (
+        Cluster.objects.select_related("owner")
+        .annotate(
+            node_count=Count("nodes", distinct=True),
+            ready_node_count=Count("nodes", filter=_READY, distinct=True),
+            gpu_count=Sum("nodes__gpus"),
+        )
+        .order_by("cluster_id")
+    )
 
 
 def cluster_get(cluster_id: str) -> Cluster:
@@ -36,9 +40,7 @@ def node_state_counts(clusters: QuerySet[Cluster] | None = None) -> dict[str, in
     qs = Node.objects.all()
     if clusters is not None:
         qs = qs.filter(cluster__in=clusters)
-    return dict(
-        qs.values_list("slurm_state").annotate(n=Count("id")).order_by("slurm_state")
-    )
+    return dict(qs.values_list("slurm_state").annotate(n=Count("id")).order_by("slurm_state"))
 
 
 def clusters_with_nodes() -> QuerySet[Cluster]:

@@ -70,7 +70,8 @@ def cluster_create(*, spec: Any, owner=None) -> Operation:
     if Cluster.objects.filter(cluster_id=clean["cluster_id"]).exists():
         raise ClusterConflict(
             f"A cluster with id '{clean['cluster_id']}' already exists.",
-            code="ALREADY_EXISTS", field="cluster_id",
+            code="ALREADY_EXISTS",
+            field="cluster_id",
         )
     try:
         with transaction.atomic():
@@ -95,7 +96,8 @@ def cluster_create(*, spec: Any, owner=None) -> Operation:
     except IntegrityError as exc:  # two creates raced for one id
         raise ClusterConflict(
             f"A cluster with id '{clean['cluster_id']}' already exists.",
-            code="ALREADY_EXISTS", field="cluster_id",
+            code="ALREADY_EXISTS",
+            field="cluster_id",
         ) from exc
     return operation
 

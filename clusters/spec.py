@@ -29,11 +29,30 @@ BOOT_DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "hyperdisk-balanced")
 LUSTRE_TIERS = (125, 250, 500, 1000)
 # Slurm settings that mtc itself owns (ports, paths, auth): a spec may not override them.
 RESERVED_SLURM_KEYS = {
-    "clustername", "slurmctldhost", "slurmctldport", "slurmdport", "authtype", "authinfo",
-    "credtype", "slurmuser", "slurmduser", "statesavelocation", "slurmdspooldir",
-    "slurmctldpidfile", "slurmdpidfile", "slurmctldlogfile", "slurmdlogfile", "prolog",
-    "epilog", "nodename", "partitionname", "grestypes", "include", "plugindir",
-    "proctracktype", "taskplugin",
+    "clustername",
+    "slurmctldhost",
+    "slurmctldport",
+    "slurmdport",
+    "authtype",
+    "authinfo",
+    "credtype",
+    "slurmuser",
+    "slurmduser",
+    "statesavelocation",
+    "slurmdspooldir",
+    "slurmctldpidfile",
+    "slurmdpidfile",
+    "slurmctldlogfile",
+    "slurmdlogfile",
+    "prolog",
+    "epilog",
+    "nodename",
+    "partitionname",
+    "grestypes",
+    "include",
+    "plugindir",
+    "proctracktype",
+    "taskplugin",
 }
 MAX_NODES = {"local": None, "gce": 1000}  # local comes from settings
 MAX_ACCELERATORS = 16
@@ -100,7 +119,12 @@ class _Checker:
         return value
 
     def integer(
-        self, value: Any, path: str, *, required: bool = True, minimum: int = 0,
+        self,
+        value: Any,
+        path: str,
+        *,
+        required: bool = True,
+        minimum: int = 0,
         maximum: int | None = None,
     ) -> int | None:
         if value is None:
@@ -154,9 +178,7 @@ def _check_scaling(c: _Checker, scaling: Any, path: str, provider: str) -> None:
     c.unknown(scaling, {"min_node_count", "max_node_count"}, path)
     limit = max_nodes_for(provider)
     low = c.integer(scaling.get("min_node_count"), f"{path}.min_node_count", maximum=limit)
-    high = c.integer(
-        scaling.get("max_node_count", low), f"{path}.max_node_count", maximum=limit
-    )
+    high = c.integer(scaling.get("max_node_count", low), f"{path}.max_node_count", maximum=limit)
     if low is not None and high is not None and high < low:
         c.fail(f"{path}.max_node_count", "Must be at least min_node_count.")
 
@@ -171,38 +193,53 @@ def _check_machine_spec(c: _Checker, machine: Any, path: str, provider: str) -> 
         path,
     )
     machine_type = c.string(
-        machine.get("machine_type"), f"{path}.machine_type", pattern=MACHINE_TYPE_RE,
+        machine.get("machine_type"),
+        f"{path}.machine_type",
+        pattern=MACHINE_TYPE_RE,
         hint="A machine type such as a3-ultragpu-8g, or local-N on the local provider.",
     )
     if machine_type and provider == "gce" and machine_type.startswith("local-"):
         c.fail(f"{path}.machine_type", "local-N machine types exist only on the local provider.")
     accel = c.string(
-        machine.get("accelerator_type"), f"{path}.accelerator_type", required=False,
-        pattern=ACCELERATOR_RE, hint="An accelerator type such as NVIDIA_H200_141GB.",
+        machine.get("accelerator_type"),
+        f"{path}.accelerator_type",
+        required=False,
+        pattern=ACCELERATOR_RE,
+        hint="An accelerator type such as NVIDIA_H200_141GB.",
     )
     count = c.integer(
-        machine.get("accelerator_count"), f"{path}.accelerator_count", required=False,
+        machine.get("accelerator_count"),
+        f"{path}.accelerator_count",
+        required=False,
         maximum=MAX_ACCELERATORS,
     )
     if accel and not count:
         c.fail(f"{path}.accelerator_count", "Required (at least 1) with accelerator_type.")
     if count and not accel:
         c.fail(f"{path}.accelerator_type", "Required with accelerator_count.")
-    affinity = c.obj(machine.get("reservation_affinity"), f"{path}.reservation_affinity",
-                     required=False)
+    affinity = c.obj(
+        machine.get("reservation_affinity"), f"{path}.reservation_affinity", required=False
+    )
     if affinity is not None:
         apath = f"{path}.reservation_affinity"
         c.unknown(affinity, {"reservation_affinity_type", "key", "values"}, apath)
-        kind = c.string(affinity.get("reservation_affinity_type"),
-                        f"{apath}.reservation_affinity_type", choices=RESERVATION_AFFINITY_TYPES)
+        kind = c.string(
+            affinity.get("reservation_affinity_type"),
+            f"{apath}.reservation_affinity_type",
+            choices=RESERVATION_AFFINITY_TYPES,
+        )
         if kind == "SPECIFIC_RESERVATION":
             c.string(affinity.get("key"), f"{apath}.key")
             values = c.array(affinity.get("values"), f"{apath}.values", required=True)
             if not values and f"{apath}.values" not in c.errors:
                 c.fail(f"{apath}.values", "Name at least one reservation.")
             for i, value in enumerate(values):
-                c.string(value, f"{apath}.values[{i}]", pattern=ID_RE,
-                         hint="A reservation name (lowercase letters, digits, -).")
+                c.string(
+                    value,
+                    f"{apath}.values[{i}]",
+                    pattern=ID_RE,
+                    hint="A reservation name (lowercase letters, digits, -).",
+                )
 
 
 def _check_pool(c: _Checker, pool: Any, path: str, provider: str) -> str | None:
@@ -214,19 +251,36 @@ def _check_pool(c: _Checker, pool: Any, path: str, provider: str) -> str | None:
         {"id", "machine_spec", "scaling_spec", "provisioning_model", "boot_disk", "zone"},
         path,
     )
-    pool_id = c.string(pool.get("id"), f"{path}.id", pattern=ID_RE,
-                       hint="Ids are lowercase letters, digits and -, starting with a letter (≤31).")
+    pool_id = c.string(
+        pool.get("id"),
+        f"{path}.id",
+        pattern=ID_RE,
+        hint="Ids are lowercase letters, digits and -, starting with a letter (≤31).",
+    )
     _check_machine_spec(c, pool.get("machine_spec"), f"{path}.machine_spec", provider)
     _check_scaling(c, pool.get("scaling_spec"), f"{path}.scaling_spec", provider)
-    c.string(pool.get("provisioning_model"), f"{path}.provisioning_model", required=False,
-             choices=PROVISIONING_MODELS)
+    c.string(
+        pool.get("provisioning_model"),
+        f"{path}.provisioning_model",
+        required=False,
+        choices=PROVISIONING_MODELS,
+    )
     disk = c.obj(pool.get("boot_disk"), f"{path}.boot_disk", required=False)
     if disk is not None:
         c.unknown(disk, {"boot_disk_type", "boot_disk_size_gb"}, f"{path}.boot_disk")
-        c.string(disk.get("boot_disk_type"), f"{path}.boot_disk.boot_disk_type",
-                 required=False, choices=BOOT_DISK_TYPES)
-        c.integer(disk.get("boot_disk_size_gb"), f"{path}.boot_disk.boot_disk_size_gb",
-                  required=False, minimum=10, maximum=65536)
+        c.string(
+            disk.get("boot_disk_type"),
+            f"{path}.boot_disk.boot_disk_type",
+            required=False,
+            choices=BOOT_DISK_TYPES,
+        )
+        c.integer(
+            disk.get("boot_disk_size_gb"),
+            f"{path}.boot_disk.boot_disk_size_gb",
+            required=False,
+            minimum=10,
+            maximum=65536,
+        )
     return pool_id
 
 
@@ -235,17 +289,32 @@ def _check_network(c: _Checker, network: Any) -> None:
     if network is None:
         return
     c.unknown(network, {"network", "subnetwork", "mtu", "private_service_access"}, "network")
-    c.string(network.get("network"), "network.network", required=False, pattern=ID_RE,
-             hint="A VPC network name.")
-    c.string(network.get("subnetwork"), "network.subnetwork", required=False, pattern=ID_RE,
-             hint="A subnetwork name.")
+    c.string(
+        network.get("network"),
+        "network.network",
+        required=False,
+        pattern=ID_RE,
+        hint="A VPC network name.",
+    )
+    c.string(
+        network.get("subnetwork"),
+        "network.subnetwork",
+        required=False,
+        pattern=ID_RE,
+        hint="A subnetwork name.",
+    )
     c.integer(network.get("mtu"), "network.mtu", required=False, minimum=1300, maximum=8896)
-    psa = c.obj(network.get("private_service_access"), "network.private_service_access",
-                required=False)
+    psa = c.obj(
+        network.get("private_service_access"), "network.private_service_access", required=False
+    )
     if psa is not None:
         c.unknown(psa, {"range_prefix_length"}, "network.private_service_access")
-        c.integer(psa.get("range_prefix_length"),
-                  "network.private_service_access.range_prefix_length", minimum=8, maximum=29)
+        c.integer(
+            psa.get("range_prefix_length"),
+            "network.private_service_access.range_prefix_length",
+            minimum=8,
+            maximum=29,
+        )
 
 
 def _check_storage(c: _Checker, storage: Any) -> None:
@@ -269,35 +338,56 @@ def _check_storage(c: _Checker, storage: Any) -> None:
         c.unknown(home, {"type", "ip", "share"}, "storage.home")
         c.string(home.get("type"), "storage.home.type", choices=("filestore", "nfs"))
         c.string(home.get("ip"), "storage.home.ip", pattern=IPV4_RE, hint="An IPv4 address.")
-        c.string(home.get("share"), "storage.home.share", pattern=re.compile(r"^[A-Za-z0-9_-]+$"),
-                 hint="A share name.")
+        c.string(
+            home.get("share"),
+            "storage.home.share",
+            pattern=re.compile(r"^[A-Za-z0-9_-]+$"),
+            hint="A share name.",
+        )
         mounts["/home"] = "storage.home"
     for i, item in enumerate(c.array(storage.get("lustre"), "storage.lustre")):
         path = f"storage.lustre[{i}]"
         item = c.obj(item, path)
         if item is None:
             continue
-        c.unknown(item, {"ip", "filesystem", "mount_point", "performance_tier_mbps_per_tib",
-                         "capacity_gib"}, path)
+        c.unknown(
+            item,
+            {"ip", "filesystem", "mount_point", "performance_tier_mbps_per_tib", "capacity_gib"},
+            path,
+        )
         c.string(item.get("ip"), f"{path}.ip", pattern=IPV4_RE, hint="An IPv4 address.")
-        c.string(item.get("filesystem"), f"{path}.filesystem",
-                 pattern=re.compile(r"^[a-z][a-z0-9]{0,7}$"),
-                 hint="A Lustre file system name (≤8 lowercase letters and digits).")
+        c.string(
+            item.get("filesystem"),
+            f"{path}.filesystem",
+            pattern=re.compile(r"^[a-z][a-z0-9]{0,7}$"),
+            hint="A Lustre file system name (≤8 lowercase letters and digits).",
+        )
         mount(item.get("mount_point"), f"{path}.mount_point")
         tier = item.get("performance_tier_mbps_per_tib")
         if tier is not None and (isinstance(tier, bool) or tier not in LUSTRE_TIERS):
-            c.fail(f"{path}.performance_tier_mbps_per_tib",
-                   f"Must be one of: {', '.join(map(str, LUSTRE_TIERS))}.")
-        c.integer(item.get("capacity_gib"), f"{path}.capacity_gib", required=False,
-                  minimum=9000, maximum=8_000_000)
+            c.fail(
+                f"{path}.performance_tier_mbps_per_tib",
+                f"Must be one of: {', '.join(map(str, LUSTRE_TIERS))}.",
+            )
+        c.integer(
+            item.get("capacity_gib"),
+            f"{path}.capacity_gib",
+            required=False,
+            minimum=9000,
+            maximum=8_000_000,
+        )
     for i, item in enumerate(c.array(storage.get("gcs_fuse"), "storage.gcs_fuse")):
         path = f"storage.gcs_fuse[{i}]"
         item = c.obj(item, path)
         if item is None:
             continue
         c.unknown(item, {"bucket", "mount_point"}, path)
-        c.string(item.get("bucket"), f"{path}.bucket", pattern=BUCKET_RE,
-                 hint="A Cloud Storage bucket name.")
+        c.string(
+            item.get("bucket"),
+            f"{path}.bucket",
+            pattern=BUCKET_RE,
+            hint="A Cloud Storage bucket name.",
+        )
         mount(item.get("mount_point"), f"{path}.mount_point")
 
 
@@ -310,10 +400,23 @@ def _check_slurm(c: _Checker, orchestrator: Any, pools: dict[str, dict]) -> None
     slurm = c.obj(orchestrator.get("slurm_spec"), base)
     if slurm is None:
         return
-    c.unknown(slurm, {"login_node_pool_id", "partitions", "prolog_bash_scripts",
-                      "epilog_bash_scripts", "config_overrides"}, base)
-    login = c.string(slurm.get("login_node_pool_id"), f"{base}.login_node_pool_id",
-                     pattern=ID_RE, hint="The id of the login node pool.")
+    c.unknown(
+        slurm,
+        {
+            "login_node_pool_id",
+            "partitions",
+            "prolog_bash_scripts",
+            "epilog_bash_scripts",
+            "config_overrides",
+        },
+        base,
+    )
+    login = c.string(
+        slurm.get("login_node_pool_id"),
+        f"{base}.login_node_pool_id",
+        pattern=ID_RE,
+        hint="The id of the login node pool.",
+    )
     if login and login not in pools:
         c.fail(f"{base}.login_node_pool_id", f"No node pool with id '{login}'.")
     partitions = c.array(slurm.get("partitions"), f"{base}.partitions", required=True)
@@ -327,8 +430,12 @@ def _check_slurm(c: _Checker, orchestrator: Any, pools: dict[str, dict]) -> None
         if part is None:
             continue
         c.unknown(part, {"id", "node_pool_ids", "default"}, path)
-        part_id = c.string(part.get("id"), f"{path}.id", pattern=ID_RE,
-                           hint="Ids are lowercase letters, digits and -, starting with a letter.")
+        part_id = c.string(
+            part.get("id"),
+            f"{path}.id",
+            pattern=ID_RE,
+            hint="Ids are lowercase letters, digits and -, starting with a letter.",
+        )
         if part_id in seen:
             c.fail(f"{path}.id", f"Partition '{part_id}' is defined twice.")
         seen.add(part_id or "")
@@ -374,14 +481,36 @@ def validate_cluster_spec(data: Any) -> dict:
     spec = c.obj(data, "")
     if spec is None:
         raise SpecError({"non_field_errors": "The spec must be a JSON object."})
-    c.unknown(spec, {"cluster_id", "display_name", "provider", "labels", "zone", "network",
-                     "node_pools", "storage", "orchestrator_spec"}, "")
-    c.string(spec.get("cluster_id"), "cluster_id", pattern=ID_RE,
-             hint="Ids are lowercase letters, digits and -, starting with a letter (≤31).")
+    c.unknown(
+        spec,
+        {
+            "cluster_id",
+            "display_name",
+            "provider",
+            "labels",
+            "zone",
+            "network",
+            "node_pools",
+            "storage",
+            "orchestrator_spec",
+        },
+        "",
+    )
+    c.string(
+        spec.get("cluster_id"),
+        "cluster_id",
+        pattern=ID_RE,
+        hint="Ids are lowercase letters, digits and -, starting with a letter (≤31).",
+    )
     c.string(spec.get("display_name"), "display_name", required=False, max_len=200)
     provider = c.string(spec.get("provider", "local"), "provider", choices=PROVIDERS) or "local"
-    c.string(spec.get("zone"), "zone", required=provider == "gce", pattern=ZONE_RE,
-             hint="A zone such as us-central1-a.")
+    c.string(
+        spec.get("zone"),
+        "zone",
+        required=provider == "gce",
+        pattern=ZONE_RE,
+        hint="A zone such as us-central1-a.",
+    )
     _check_labels(c, spec.get("labels"), "labels")
     _check_network(c, spec.get("network"))
     _check_storage(c, spec.get("storage"))
@@ -444,8 +573,9 @@ def validate_cluster_patch(spec: dict, data: Any) -> dict:
         if item is None:
             continue
         c.unknown(item, {"id", "scaling_spec"}, path)
-        pool_id = c.string(item.get("id"), f"{path}.id", pattern=ID_RE,
-                           hint="The id of an existing node pool.")
+        pool_id = c.string(
+            item.get("id"), f"{path}.id", pattern=ID_RE, hint="The id of an existing node pool."
+        )
         if pool_id and pool_id not in pools_by_id:
             c.fail(f"{path}.id", f"No node pool with id '{pool_id}'.")
             continue

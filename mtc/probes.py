@@ -38,8 +38,11 @@ def _check_worker() -> str:
 
 def readyz(request):
     checks, ready = {}, True
-    for name, check in (("database", _check_database), ("redis", _check_redis),
-                        ("worker", _check_worker)):
+    for name, check in (
+        ("database", _check_database),
+        ("redis", _check_redis),
+        ("worker", _check_worker),
+    ):
         try:
             checks[name] = check()
         except Exception as exc:  # noqa: BLE001 - a probe reports, never raises

@@ -117,8 +117,9 @@ WHITENOISE_AUTOREFRESH = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
+        # Token first, so an anonymous request gets 401 with WWW-Authenticate: Token.
         "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "mtc.api.pagination.StandardPagination",
@@ -163,6 +164,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # Local provider limits (one host runs every node's slurmd).
 MTC_LOCAL_MAX_NODES_PER_CLUSTER = int(os.environ.get("MTC_LOCAL_MAX_NODES", "64"))
 MTC_LOCAL_PORT_RANGE = (17000, 29999)
+# Seconds to pause at each Operation step: slow motion for demos and for the test
+# that kills a worker in the middle of a create.
+MTC_OPERATION_STEP_DELAY = float(os.environ.get("MTC_OPERATION_STEP_DELAY", "0"))
 
 LOGGING = {
     "version": 1,

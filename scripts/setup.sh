@@ -24,7 +24,7 @@ fi
 stamp=.venv/.mtc-installed
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   echo "setup: installing Python packages into .venv"
-  .venv/bin/pip install -q --upgrade pip >/dev/null
-  .venv/bin/pip install -q -e ".[dev]"
+  # pip's notes about unreachable local indexes are noise here.
+  .venv/bin/pip install -q -e ".[dev]" 2> >(grep -v "is ignored: it is neither" >&2)
   touch "$stamp"
 fi

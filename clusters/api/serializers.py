@@ -10,8 +10,16 @@ class OperationSerializer(serializers.ModelSerializer):
     class Meta:
         model = Operation
         fields = [
-            "id", "kind", "target", "state", "done", "progress", "status_message",
-            "error", "create_time", "end_time",
+            "id",
+            "kind",
+            "target",
+            "state",
+            "done",
+            "progress",
+            "status_message",
+            "error",
+            "create_time",
+            "end_time",
         ]
 
     def get_error(self, op: Operation) -> dict | None:
@@ -29,9 +37,19 @@ class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = [
-            "cluster_id", "display_name", "provider", "state", "state_message", "labels",
-            "node_count", "ready_node_count", "gpu_count", "owner", "spec",
-            "create_time", "update_time",
+            "cluster_id",
+            "display_name",
+            "provider",
+            "state",
+            "state_message",
+            "labels",
+            "node_count",
+            "ready_node_count",
+            "gpu_count",
+            "owner",
+            "spec",
+            "create_time",
+            "update_time",
         ]
 
 
@@ -42,8 +60,17 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = [
-            "name", "pool", "partition", "slurm_state", "slurm_reason", "health",
-            "lifecycle", "cpus", "gpus", "provider_id", "state_time",
+            "name",
+            "pool",
+            "partition",
+            "slurm_state",
+            "slurm_reason",
+            "health",
+            "lifecycle",
+            "cpus",
+            "gpus",
+            "provider_id",
+            "state_time",
         ]
 
     def get_gpus(self, node: Node) -> dict:

@@ -1,15 +1,16 @@
-from django.urls import path
+from django.urls import re_path
 from rest_framework.routers import SimpleRouter
 
 from .views import ClusterViewSet, NodeViewSet, OperationViewSet
 
-router = SimpleRouter(trailing_slash="/?")
+router = SimpleRouter()
+router.trailing_slash = "/?"  # DESIGN.md paths have no trailing slash; accept both
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("operations", OperationViewSet, basename="operation")
 
 urlpatterns = [
-    path(
-        "clusters/<str:cluster_id>/nodes",
+    re_path(
+        r"^clusters/(?P<cluster_id>[a-z][a-z0-9-]{0,30})/nodes/?$",
         NodeViewSet.as_view({"get": "list"}),
         name="cluster-nodes",
     ),

@@ -2,6 +2,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from mtc.api.errors import ApiError
@@ -14,13 +15,18 @@ from .serializers import ClusterSerializer, NodeSerializer, OperationSerializer
 
 
 def _spec_error(exc: SpecError) -> ApiError:
-    return ApiError(code="INVALID_ARGUMENT", message=f"Invalid cluster spec: {exc}",
-                    fields=exc.fields)
+    return ApiError(
+        code="INVALID_ARGUMENT", message=f"Invalid cluster spec: {exc}", fields=exc.fields
+    )
 
 
 def _conflict(exc: services.ClusterConflict) -> ApiError:
-    return ApiError(code=exc.code, message=str(exc), status_code=status.HTTP_409_CONFLICT,
-                    fields={exc.field: str(exc)} if exc.field else None)
+    return ApiError(
+        code=exc.code,
+        message=str(exc),
+        status_code=status.HTTP_409_CONFLICT,
+        fields={exc.field: str(exc)} if exc.field else None,
+    )
 
 
 def _accepted(operation: Operation) -> Response:
@@ -30,7 +36,7 @@ def _accepted(operation: Operation) -> Response:
 class ClusterViewSet(viewsets.ViewSet):
     """Clusters (DESIGN.md section 4). Writes answer 202 with an Operation."""
 
-    permission_classes = [IsOperatorOrReadOnly]
+    permission_classes = [IsAuthenticated, IsOperatorOrReadOnly]
     parser_classes = [JSONParser]
     lookup_field = "cluster_id"
     lookup_value_regex = r"[a-z][a-z0-9-]{0,30}"

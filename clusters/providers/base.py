@@ -76,6 +76,7 @@ def get_provider(name: str) -> Provider:
     if name not in providers:
         raise ProviderError(
             f"Provider '{name}' is not available in this installation.",
-            code="PROVIDER_UNAVAILABLE", permanent=True,
+            code="PROVIDER_UNAVAILABLE",
+            permanent=True,
         )
     return providers[name]()

@@ -80,13 +80,20 @@ class LocalProvider(Provider):
         """Start a daemon that forks into the background; its output goes to log/."""
         with open(self.root(cluster) / "log" / "daemons.out", "ab") as out:
             proc = subprocess.run(
-                args, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                env=self._env(cluster), timeout=30, check=False, start_new_session=True,
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=self._env(cluster),
+                timeout=30,
+                check=False,
+                start_new_session=True,
             )
         if proc.returncode != 0:
             raise ProviderError(
                 f"{args[0]} failed to start (exit {proc.returncode}); see "
-                f"{self.root(cluster) / 'log'}", code="DAEMON_START_FAILED",
+                f"{self.root(cluster) / 'log'}",
+                code="DAEMON_START_FAILED",
             )
 
     def _munged_pid(self, cluster: Cluster) -> int | None:
@@ -114,12 +121,18 @@ class LocalProvider(Provider):
             return
         socket = self.munge_socket(cluster)
         Path(socket).unlink(missing_ok=True)
-        self._spawn(cluster, [
-            "munged", "--force", f"--socket={socket}", f"--key-file={key}",
-            f"--log-file={root / 'log' / 'munged.log'}",
-            f"--pid-file={root / 'run' / 'munged.pid'}",
-            f"--seed-file={root / 'run' / 'munged.seed'}",
-        ])
+        self._spawn(
+            cluster,
+            [
+                "munged",
+                "--force",
+                f"--socket={socket}",
+                f"--key-file={key}",
+                f"--log-file={root / 'log' / 'munged.log'}",
+                f"--pid-file={root / 'run' / 'munged.pid'}",
+                f"--seed-file={root / 'run' / 'munged.seed'}",
+            ],
+        )
         self._wait(lambda: Path(socket).exists(), 5, "munged did not create its socket")
 
     def _start_slurmctld(self, cluster: Cluster) -> None:
@@ -161,8 +174,7 @@ class LocalProvider(Provider):
             (hook_dir / f"{i:02d}.sh").write_text(script)
         wrapper = self.root(cluster) / "etc" / f"{kind}.sh"
         wrapper.write_text(
-            "#!/bin/bash\nset -e\n"
-            f'for script in "{hook_dir}"/*.sh; do /bin/bash "$script"; done\n'
+            f'#!/bin/bash\nset -e\nfor script in "{hook_dir}"/*.sh; do /bin/bash "$script"; done\n'
         )
         wrapper.chmod(0o755)
         return str(wrapper)
@@ -185,8 +197,12 @@ class LocalProvider(Provider):
             controller_port=cluster.controller_port,
             nodes=[
                 slurm_config.NodeConf(
-                    name=n.name, port=n.port, cpus=n.cpus, pool_id=n.pool.pool_id,
-                    gpus=n.gpus, gpu_type=n.gpu_type,
+                    name=n.name,
+                    port=n.port,
+                    cpus=n.cpus,
+                    pool_id=n.pool.pool_id,
+                    gpus=n.gpus,
+                    gpu_type=n.gpu_type,
                     gpu_files=self._gpu_files(cluster, n) if n.gpus else "",
                 )
                 for n in nodes
@@ -234,9 +250,16 @@ class LocalProvider(Provider):
                 self.slurm(cluster).reconfigure()  # running slurmds re-read the config
         for node in nodes:
             if not self._slurmd_pid(cluster, node.name):
-                self._spawn(cluster, [
-                    "slurmd", "-f", str(self.conf_path(cluster)), "-N", node.name,
-                ])
+                self._spawn(
+                    cluster,
+                    [
+                        "slurmd",
+                        "-f",
+                        str(self.conf_path(cluster)),
+                        "-N",
+                        node.name,
+                    ],
+                )
 
     def wait_ready(self, cluster: Cluster, names: list[str], *, timeout: float = 60) -> None:
         client = self.slurm(cluster)
@@ -248,7 +271,8 @@ class LocalProvider(Provider):
             except SlurmError:
                 return False
             return all(
-                name in seen and seen[name].state in READY_STATES
+                name in seen
+                and seen[name].state in READY_STATES
                 and "NOT_RESPONDING" not in seen[name].flags
                 for name in wanted
             )
@@ -270,9 +294,7 @@ class LocalProvider(Provider):
                 self.slurm(cluster).cancel_all()
             except SlurmError as exc:
                 log.warning("cancelling jobs of %s: %s", cluster.cluster_id, exc)
-        pids = [
-            pid for pid in (self._slurmctld_pid(cluster), self._munged_pid(cluster)) if pid
-        ]
+        pids = [pid for pid in (self._slurmctld_pid(cluster), self._munged_pid(cluster)) if pid]
         pids += procs.processes_mentioning(str(root))
         left = procs.stop(sorted(set(pids)))
         if left:

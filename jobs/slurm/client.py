@@ -63,12 +63,23 @@ class SlurmClient:
         env["SLURM_CONF"] = self.conf_path
         return env
 
-    def run(self, args: list[str], *, stdin: str | None = None, timeout: float | None = None,
-            check: bool = True) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        args: list[str],
+        *,
+        stdin: str | None = None,
+        timeout: float | None = None,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess:
         try:
             proc = subprocess.run(
-                args, input=stdin, capture_output=True, text=True, env=self.env(),
-                timeout=timeout or self.timeout, check=False,
+                args,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                env=self.env(),
+                timeout=timeout or self.timeout,
+                check=False,
             )
         except subprocess.TimeoutExpired as exc:
             raise SlurmError(f"{args[0]} timed out", permanent=False, command=args) from exc
@@ -126,9 +137,17 @@ class SlurmClient:
 
 
 # sinfo %T prints e.g. "idle", "drained", "draining", "down*", "idle~", "mixed-".
-_SUFFIX_FLAGS = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP",
-                 "%": "POWERING_DOWN", "!": "POWER_DOWN", "$": "MAINTENANCE", "@": "REBOOT",
-                 "^": "REBOOT_ISSUED", "-": "PLANNED"}
+_SUFFIX_FLAGS = {
+    "*": "NOT_RESPONDING",
+    "~": "POWERED_DOWN",
+    "#": "POWERING_UP",
+    "%": "POWERING_DOWN",
+    "!": "POWER_DOWN",
+    "$": "MAINTENANCE",
+    "@": "REBOOT",
+    "^": "REBOOT_ISSUED",
+    "-": "PLANNED",
+}
 
 
 def parse_sinfo_state(name: str, state: str, cpus: str, gres: str, reason: str) -> SlurmNode:
@@ -147,6 +166,11 @@ def parse_sinfo_state(name: str, state: str, cpus: str, gres: str, reason: str) 
         cpu_count = int(cpus)
     except ValueError:
         cpu_count = 0
-    return SlurmNode(name=name, state=base, flags=tuple(flags),
-                     reason="" if reason.strip() == "none" else reason.strip(),
-                     cpus=cpu_count, gres="" if gres == "(null)" else gres)
+    return SlurmNode(
+        name=name,
+        state=base,
+        flags=tuple(flags),
+        reason="" if reason.strip() == "none" else reason.strip(),
+        cpus=cpu_count,
+        gres="" if gres == "(null)" else gres,
+    )

@@ -1,0 +1,182 @@
+"""Starts and stops the processes of an mtc stack on this machine: Redis, a Celery
+worker (+ beat), the web server. Used by `make run`, the benchmarks and the tests
+that need a real worker, so all three start things the same way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.3)
+        return sock.connect_ex((host, port)) == 0
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Stack:
+    """A set of child processes sharing one environment (data dir, Redis, database)."""
+
+    data_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir).resolve()
+        (self.data_dir / "log").mkdir(parents=True, exist_ok=True)
+        base = dict(os.environ)
+        base.update(self.env)
+        base["MTC_DATA_DIR"] = str(self.data_dir)
+        base.setdefault("DJANGO_SETTINGS_MODULE", "mtc.settings")
+        base.pop("MTC_CELERY_EAGER", None)
+        self.env = base
+
+    @property
+    def python(self) -> str:
+        return sys.executable
+
+    def _start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.data_dir / "log" / f"{name}.log", "ab")  # noqa: SIM115 - owned by child
+        proc = subprocess.Popen(
+            args,
+            cwd=BASE_DIR,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def start_redis(self) -> str | None:
+        """Start Redis for REDIS_URL unless one already answers there. Returns the URL."""
+        url = self.env.get("REDIS_URL") or f"redis://127.0.0.1:{free_port()}/0"
+        self.env["REDIS_URL"] = url
+        parsed = urlparse(url)
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
+        if port_open(host, port):
+            return url
+        redis_dir = self.data_dir / "redis"
+        redis_dir.mkdir(exist_ok=True)
+        self._start(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(redis_dir),
+                "--daemonize",
+                "no",
+            ],
+        )
+        wait_for(lambda: port_open(host, port), 10, f"Redis on port {port}")
+        return url
+
+    def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [self.python, "manage.py", *args],
+            cwd=BASE_DIR,
+            env=self.env,
+            check=check,
+            capture_output=True,
+            text=True,
+        )
+
+    def start_worker(self, *, beat: bool = True, concurrency: int = 2) -> subprocess.Popen:
+        args = [
+            self.python,
+            "-m",
+            "celery",
+            "-A",
+            "mtc",
+            "worker",
+            "--loglevel=INFO",
+            f"--concurrency={concurrency}",
+            "--hostname",
+            f"mtc-{os.getpid()}@%h",
+        ]
+        if beat:
+            args += ["--beat", "--schedule", str(self.data_dir / "celerybeat-schedule")]
+        return self._start("worker", args)
+
+    def start_web(self, port: int) -> subprocess.Popen:
+        proc = self._start(
+            "web",
+            [
+                self.python,
+                "manage.py",
+                "runserver",
+                f"127.0.0.1:{port}",
+                "--noreload",
+            ],
+        )
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"web server exited; see {self.data_dir / 'log' / 'web.log'}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(answers, 30, f"the web server on port {port}")
+        return proc
+
+    def stop(self, name: str, *, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def stop_all(self) -> None:
+        for name in ("web", "worker", "redis"):
+            self.stop(name)
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()

@@ -1,0 +1,57 @@
+"""`make run`: migrate, make sure an admin exists, start Redis, a Celery worker with
+beat and the web server, create the demo cluster if there is none, and stop what
+it started on Ctrl-C or SIGTERM. Local clusters keep running: they are the
+machines, and the next `make run` finds them (`make stop-clusters` stops them)."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mtc.devstack import BASE_DIR, Stack  # noqa: E402
+
+
+def main() -> int:
+    data_dir = Path(os.environ.get("MTC_DATA_DIR", BASE_DIR / "var"))
+    port = int(os.environ.get("MTC_PORT", "8000"))
+    env = {"REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6389/0")}
+    stack = Stack(data_dir, env=env)
+    stopping = False
+
+    def on_signal(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        print(f"mtc: data in {stack.data_dir}")
+        stack.manage("migrate", "--noinput", "-v0")
+        bootstrap = stack.manage("mtc", "bootstrap")
+        print(bootstrap.stdout, end="")
+        stack.start_redis()
+        print(f"mtc: Redis at {stack.env['REDIS_URL']}")
+        stack.start_worker(beat=True)
+        stack.start_web(port)
+        demo = stack.manage("mtc", "demo", check=False)
+        print(demo.stdout + demo.stderr, end="")
+        print(f"\nmtc is running at http://127.0.0.1:{port}/  (API docs: /api/docs/)")
+        print(f"logs: {stack.data_dir / 'log'}   Ctrl-C stops the stack\n")
+        while not stopping:
+            for name, proc in list(stack.procs.items()):
+                if proc.poll() is not None:
+                    print(f"mtc: {name} exited ({proc.returncode}); see {stack.data_dir}/log")
+                    stopping = True
+            time.sleep(0.5)
+    finally:
+        print("mtc: stopping web, worker and Redis ...")
+        stack.stop_all()
+        print("mtc: stopped. Local clusters keep running; `make stop-clusters` stops them.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

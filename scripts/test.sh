@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# `make test`: a private data dir and Redis on a free port, Django's checks, ruff,
+# then pytest; afterwards stop every process the tests left under the data dir.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+
+TEST_TMP=$(mktemp -d /tmp/mtc-test.XXXXXX)
+export MTC_DATA_DIR="$TEST_TMP/data"
+export MTC_CELERY_EAGER=1
+mkdir -p "$MTC_DATA_DIR"
+REDIS_PORT=$($PY -c 'from mtc.devstack import free_port; print(free_port())')
+export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$TEST_TMP" --daemonize no >"$TEST_TMP/redis.log" 2>&1 &
+REDIS_PID=$!
+
+cleanup() {
+  kill "$REDIS_PID" 2>/dev/null
+  # Slurm daemons and job steps the tests started all mention the data dir.
+  $PY - "$TEST_TMP" <<'PYEOF'
+import sys
+from clusters.providers import procs
+left = procs.processes_mentioning(sys.argv[1])
+if left:
+    print(f"test: stopping {len(left)} leftover process(es)")
+    procs.stop(left)
+PYEOF
+  rm -rf "$TEST_TMP"
+}
+trap cleanup EXIT
+
+for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+set -e
+echo "== django checks"
+$PY manage.py check --fail-level WARNING
+$PY manage.py makemigrations --check --dry-run >/dev/null || {
+  echo "test: models changed without a migration"; exit 1; }
+echo "== ruff"
+.venv/bin/ruff check .
+echo "== pytest"
+set +e
+$PY -m pytest "$@"
+rc=$?
+exit $rc

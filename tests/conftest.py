@@ -1,0 +1,91 @@
+"""Shared fixtures: fixed personas (operator, user), API clients, and real local
+clusters that are always torn down (no Slurm daemon outlives its test)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+
+import pytest
+from rest_framework.test import APIClient
+
+from clusters.demo import DEMO_SPEC
+from clusters.models import Cluster
+from clusters.providers import procs
+from clusters.providers.base import get_provider
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return django_user_model.objects.create_user("olga", password="pw-olga-123", is_staff=True)
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("uma", password="pw-uma-123")
+
+
+@pytest.fixture
+def operator_api(operator) -> APIClient:
+    from rest_framework.authtoken.models import Token
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=operator).key}")
+    return client
+
+
+@pytest.fixture
+def user_api(user) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def make_spec(cluster_id: str = "t1", nodes: int = 3, **changes) -> dict:
+    """A valid local spec: a login pool and one GPU pool of ``nodes`` nodes."""
+    spec = copy.deepcopy(DEMO_SPEC)
+    spec["cluster_id"] = cluster_id
+    spec["display_name"] = f"Test {cluster_id}"
+    spec["node_pools"][1]["scaling_spec"] = {"min_node_count": nodes, "max_node_count": nodes}
+    spec.update(changes)
+    return spec
+
+
+@pytest.fixture
+def local_clusters(transactional_db, settings):
+    """Run Operations inline against the real local Slurm; delete every cluster after."""
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    yield
+    for cluster in Cluster.objects.all():
+        get_provider(cluster.provider).delete_cluster(cluster)
+
+
+def cluster_root(cluster_id: str):
+    from django.conf import settings
+
+    return settings.DATA_DIR / "clusters" / cluster_id
+
+
+def cluster_processes(cluster_id: str) -> list[int]:
+    return procs.processes_mentioning(str(cluster_root(cluster_id)))
+
+
+def sinfo_json(cluster_id: str) -> dict[str, str]:
+    """{node: state} from `sinfo --json` with the cluster's SLURM_CONF, as a user would."""
+    conf = cluster_root(cluster_id) / "etc" / "slurm.conf"
+    out = subprocess.run(
+        ["sinfo", "--json"],
+        env=dict(os.environ, SLURM_CONF=str(conf)),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    ).stdout
+    nodes = json.loads(out)["nodes"]
+    states = {}
+    for node in nodes:
+        state = node["state"]
+        states[node["name"]] = (state if isinstance(state, str) else "+".join(state)).lower()
+    return states

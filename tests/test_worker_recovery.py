@@ -1,0 +1,79 @@
+"""A Celery worker killed in the middle of a create: the next worker finishes it
+with exactly the nodes asked for (real Redis, real worker, real Slurm)."""
+
+import signal
+import time
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+
+from clusters import services
+from clusters.models import Cluster, Node, Operation
+from clusters.providers.base import get_provider
+from mtc.devstack import Stack
+
+from .conftest import cluster_processes, make_spec, sinfo_json
+
+pytestmark = pytest.mark.slurm
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _slurmd_count(cluster_id: str) -> int:
+    count = 0
+    for pid in cluster_processes(cluster_id):
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if fh.read().split(b"\0")[0].endswith(b"slurmd"):
+                count += 1
+    return count
+
+
+def test_killed_worker_mid_create_is_finished_by_the_next(transactional_db, settings, tmp_path):
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    env = {
+        "REDIS_URL": django_settings.REDIS_URL,
+        "DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}",
+        "MTC_DATA_DIR": str(django_settings.DATA_DIR),
+    }
+    slow = Stack(django_settings.DATA_DIR, env={**env, "MTC_OPERATION_STEP_DELAY": "1.5"})
+    slow.data_dir = tmp_path  # worker logs go to the test's own folder
+    (tmp_path / "log").mkdir()
+    fresh = None
+    try:
+        slow.start_worker(beat=False, concurrency=1)
+        operation = services.cluster_create(spec=make_spec("wk", nodes=4))
+        # Daemons started, nodes not yet confirmed: kill the worker there.
+        _wait(lambda: Operation.objects.get(pk=operation.pk).progress >= 70, 60, "progress 70")
+        slow.stop("worker", sig=signal.SIGKILL)
+        op = Operation.objects.get(pk=operation.pk)
+        assert op.state == "RUNNING" and Cluster.objects.get(cluster_id="wk").state == "CREATING"
+
+        fresh = Stack(django_settings.DATA_DIR, env=env)
+        fresh.data_dir = tmp_path
+        fresh.start_worker(beat=False, concurrency=1)
+        op = _wait(
+            lambda: Operation.objects.filter(pk=operation.pk, state="SUCCEEDED").first(),
+            60,
+            "the operation to succeed after the restart",
+        )
+        assert op.attempts == 2
+        cluster = Cluster.objects.get(cluster_id="wk")
+        assert cluster.state == "RUNNING"
+        assert Node.objects.filter(cluster=cluster).count() == 4
+        assert sinfo_json("wk") == {f"wk-gpu-{i}": "idle" for i in range(4)}
+        assert _slurmd_count("wk") == 4
+    finally:
+        slow.stop_all()
+        if fresh:
+            fresh.stop_all()
+        for cluster in Cluster.objects.all():
+            get_provider(cluster.provider).delete_cluster(cluster)
