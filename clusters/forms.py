@@ -325,8 +325,10 @@ def check_pools(login: LoginPoolForm, pools: forms.BaseFormSet, provider: str) -
             [f"At most {limit} nodes in all on the {provider} provider (asked for {total})."],
             renderer=pools.renderer,
         )
-    return not login.errors and not any(f.errors for f in pools.forms) and not (
-        pools.non_form_errors()
+    return (
+        not login.errors
+        and not any(f.errors for f in pools.forms)
+        and not (pools.non_form_errors())
     )
 
 
@@ -433,8 +435,8 @@ class StorageForm(forms.Form):
                     self.add_error(name, "Give both the server IP and the share for /home.")
             data["home_type"] = data.get("home_type") or "filestore"
         lustre_set = any(
-            data.get(n) for n in ("lustre_ip", "lustre_filesystem", "lustre_tier",
-                                  "lustre_capacity_gib")
+            data.get(n)
+            for n in ("lustre_ip", "lustre_filesystem", "lustre_tier", "lustre_capacity_gib")
         )
         if lustre_set:
             for name in ("lustre_ip", "lustre_filesystem", "lustre_mount_point"):
@@ -469,22 +471,25 @@ class SlurmForm(forms.Form):
     )
     config_overrides = forms.CharField(
         label="slurm.conf overrides",
-        widget=forms.Textarea(attrs={"rows": 3, "class": "mono",
-                                     "placeholder": "SlurmdTimeout=30"}),
+        widget=forms.Textarea(
+            attrs={"rows": 3, "class": "mono", "placeholder": "SlurmdTimeout=30"}
+        ),
         required=False,
         help_text="One Parameter=value per line.",
     )
     prolog = forms.CharField(
         label="Prolog script",
-        widget=forms.Textarea(attrs={"rows": 4, "class": "mono",
-                                     "placeholder": "#!/bin/bash\n# runs before each job"}),
+        widget=forms.Textarea(
+            attrs={"rows": 4, "class": "mono", "placeholder": "#!/bin/bash\n# runs before each job"}
+        ),
         required=False,
         max_length=MAX_SCRIPT_BYTES,
     )
     epilog = forms.CharField(
         label="Epilog script",
-        widget=forms.Textarea(attrs={"rows": 4, "class": "mono",
-                                     "placeholder": "#!/bin/bash\n# runs after each job"}),
+        widget=forms.Textarea(
+            attrs={"rows": 4, "class": "mono", "placeholder": "#!/bin/bash\n# runs after each job"}
+        ),
         required=False,
         max_length=MAX_SCRIPT_BYTES,
     )

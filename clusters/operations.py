@@ -166,6 +166,8 @@ def _ensure_nodes(cluster: Cluster, emulated: bool) -> None:
                             index=index,
                             port=port,
                             name=f"{cluster.cluster_id}-{pool.pool_id}-{index}",
+                            provider_id=f"{cluster.provider}://{cluster.cluster_id}/"
+                            f"{cluster.cluster_id}-{pool.pool_id}-{index}#0",
                             partition=",".join(pool.partitions),
                             cpus=pool.cpus,
                             gpus=pool.accelerator_count,

@@ -48,3 +48,23 @@ def clusters_with_nodes() -> QuerySet[Cluster]:
     return cluster_list().prefetch_related(
         Prefetch("nodes", queryset=Node.objects.order_by("pool__pool_id", "index"))
     )
+
+
+def cluster_search(*, q: str = "", state: str = "") -> QuerySet[Cluster]:
+    """cluster_list, narrowed by a text search on id/display name and a state."""
+    qs = cluster_list()
+    if q:
+        qs = qs.filter(Q(cluster_id__icontains=q) | Q(display_name__icontains=q))
+    if state:
+        qs = qs.filter(state=state)
+    return qs
+
+
+def cluster_state_counts() -> dict[str, int]:
+    """How many clusters are in each state (one query)."""
+    return dict(Cluster.objects.values_list("state").annotate(n=Count("id")).order_by("state"))
+
+
+def operations_recent(limit: int = 8) -> list[Operation]:
+    """The latest Operations of every cluster, newest first (one query)."""
+    return list(Operation.objects.select_related("cluster").order_by("-create_time")[:limit])

@@ -1,7 +1,537 @@
-from django.shortcuts import render
+"""Cluster pages: dashboard, list, detail (with a live fragment), delete, and the
+three ways to create a cluster (wizard, reference architectures, JSON). Pages read
+the database only; writes go through clusters.services."""
 
-from . import selectors
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from functools import wraps
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
+
+from . import forms, selectors, services
+from .choices import OPERATION_ACTIVE_STATES, ClusterState
+from .models import Cluster
+from .providers.base import ProviderError, get_provider
+from .reference_architectures import architecture_get, architecture_list
+from .spec import SpecError, validate_cluster_spec
+from .templatetags.mtc_ui import NODE_GROUP_LABELS, NODE_GROUPS, node_group
+
+CLUSTERS_PER_PAGE = 50
+DASHBOARD_CLUSTERS = 24
+# Cluster states in which something is changing: pages refresh themselves.
+BUSY_CLUSTER_STATES = {ClusterState.CREATING, ClusterState.UPDATING, ClusterState.DELETING}
 
 
+def staff_required(view):
+    """Operators only (DESIGN.md section 4): others get the 403 page."""
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        if not request.user.is_staff:
+            raise PermissionDenied("Only operators (staff users) can create or delete clusters.")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _cluster_or_404(cluster_id: str) -> Cluster:
+    try:
+        return selectors.cluster_get(cluster_id)
+    except Cluster.DoesNotExist as exc:
+        raise Http404(f"No cluster '{cluster_id}'.") from exc
+
+
+def _group_counts(states) -> list[dict]:
+    counts = Counter()
+    for state, n in states:
+        counts[node_group(state)] += n
+    return [
+        {"group": g, "label": NODE_GROUP_LABELS[g], "count": counts[g]}
+        for g in NODE_GROUPS
+        if counts[g]
+    ]
+
+
+# --- read pages ---------------------------------------------------------------
 def dashboard(request):
-    return render(request, "clusters/dashboard.html", {"clusters": selectors.cluster_list()})
+    clusters = list(selectors.clusters_with_nodes()[:DASHBOARD_CLUSTERS])
+    state_counts = selectors.node_state_counts()
+    cluster_states = selectors.cluster_state_counts()
+    total_clusters = sum(cluster_states.values())
+    for cluster in clusters:
+        nodes = list(cluster.nodes.all())
+        cluster.node_groups = _group_counts(Counter(n.slurm_state for n in nodes).items())
+        cluster.node_list = nodes
+    context = {
+        "clusters": clusters,
+        "total_clusters": total_clusters,
+        "more_clusters": max(0, total_clusters - len(clusters)),
+        "cluster_states": sorted(cluster_states.items()),
+        "node_total": sum(state_counts.values()),
+        "node_groups": _group_counts(state_counts.items()),
+        "node_states": sorted(state_counts.items()),
+        "gpu_total": sum((c.gpu_count or 0) for c in clusters),
+        "operations": selectors.operations_recent(8),
+        "live": any(c.state in BUSY_CLUSTER_STATES for c in clusters),
+    }
+    return render(request, "clusters/dashboard.html", context)
+
+
+def cluster_list(request):
+    q = request.GET.get("q", "").strip()[:100]
+    state = request.GET.get("state", "")
+    if state not in ClusterState.values:
+        state = ""
+    paginator = Paginator(selectors.cluster_search(q=q, state=state), CLUSTERS_PER_PAGE)
+    page = paginator.get_page(request.GET.get("page"))
+    query = urlencode({k: v for k, v in (("q", q), ("state", state)) if v})
+    return render(
+        request,
+        "clusters/cluster_list.html",
+        {
+            "page": page,
+            "clusters": page.object_list,
+            "q": q,
+            "state": state,
+            "states": ClusterState.values,
+            "filter_query": query,
+        },
+    )
+
+
+def _live_context(cluster: Cluster) -> dict:
+    """What changes while the cluster works: state, pools, nodes, operations."""
+    nodes = list(selectors.cluster_nodes(cluster))
+    operations = selectors.cluster_operations(cluster)
+    active = next((op for op in operations if op.state in OPERATION_ACTIVE_STATES), None)
+    if active is None and cluster.state in BUSY_CLUSTER_STATES:
+        active = selectors.cluster_active_operation(cluster)
+    per_pool = Counter(n.pool_id for n in nodes)
+    ready_per_pool = Counter(
+        n.pool_id for n in nodes if node_group(n.slurm_state) in ("idle", "busy")
+    )
+    pools = list(cluster.pools.all())
+    for pool in pools:
+        pool.node_count = per_pool[pool.pk]
+        pool.ready_count = ready_per_pool[pool.pk]
+    pool_by_id = {p.pool_id: p for p in pools}
+    partitions = []
+    slurm = cluster.spec.get("orchestrator_spec", {}).get("slurm_spec", {})
+    for part in slurm.get("partitions", []):
+        members = [pool_by_id[p] for p in part.get("node_pool_ids", []) if p in pool_by_id]
+        partitions.append(
+            {
+                "id": part.get("id", ""),
+                "pools": part.get("node_pool_ids", []),
+                "default": part.get("default", False),
+                "node_count": sum(p.node_count for p in members),
+                "gpu_count": sum(p.node_count * p.accelerator_count for p in members),
+            }
+        )
+    return {
+        "cluster": cluster,
+        "nodes": nodes,
+        "node_groups": _group_counts(Counter(n.slurm_state for n in nodes).items()),
+        "pools": pools,
+        "partitions": partitions,
+        "operations": operations,
+        "active_operation": active,
+        "live": active is not None or cluster.state in BUSY_CLUSTER_STATES,
+        "emulated": any(n.gpus_emulated for n in nodes),
+    }
+
+
+def cluster_detail(request, cluster_id: str):
+    cluster = _cluster_or_404(cluster_id)
+    context = _live_context(cluster)
+    try:
+        login_command = get_provider(cluster.provider).login_command(cluster)
+        login_error = ""
+    except ProviderError as exc:
+        login_command, login_error = "", str(exc)
+    context.update(
+        {
+            "login_command": login_command,
+            "login_error": login_error,
+            "labels": sorted(cluster.labels.items()),
+            "spec_json": json.dumps(cluster.spec, indent=2),
+        }
+    )
+    return render(request, "clusters/cluster_detail.html", context)
+
+
+def cluster_fragment(request, cluster_id: str):
+    """The live part of the detail page, fetched again while an Operation runs."""
+    cluster = _cluster_or_404(cluster_id)
+    return render(request, "clusters/_cluster_live.html", _live_context(cluster))
+
+
+# --- delete -------------------------------------------------------------------
+@staff_required
+@require_http_methods(["GET", "POST"])
+def cluster_delete(request, cluster_id: str):
+    cluster = _cluster_or_404(cluster_id)
+    form = forms.DeleteConfirmForm(request.POST or None, cluster_id=cluster.cluster_id)
+    if request.method == "POST" and form.is_valid():
+        operation = services.cluster_delete(cluster=cluster, owner=request.user)
+        operation.refresh_from_db()
+        if operation.state == "FAILED":
+            messages.error(
+                request,
+                f"Deleting cluster {cluster.cluster_id} failed: {operation.error_message}",
+            )
+        elif Cluster.objects.filter(pk=cluster.pk).exists():
+            messages.success(
+                request, f"Deleting cluster {cluster.cluster_id} (operation {operation.pk})."
+            )
+        else:
+            messages.success(request, f"Cluster {cluster.cluster_id} was deleted.")
+        return redirect("clusters:cluster_list")
+    return render(request, "clusters/cluster_delete.html", {"cluster": cluster, "form": form})
+
+
+# --- create: shared -----------------------------------------------------------
+def _path_label(path: str, spec: dict | None) -> str:
+    """node_pools[1].scaling_spec.min_node_count -> node pool 'gpu': scaling_spec...."""
+    match = re.match(r"^node_pools\[(\d+)\](?:\.(.*))?$", path)
+    if match and isinstance(spec, dict):
+        pools = spec.get("node_pools")
+        index = int(match.group(1))
+        if isinstance(pools, list) and index < len(pools) and isinstance(pools[index], dict):
+            name = pools[index].get("id") or f"#{index + 1}"
+            rest = match.group(2)
+            return f"node pool '{name}'" + (f": {rest}" if rest else "")
+    if path == "non_field_errors":
+        return "spec"
+    return path
+
+
+def _spec_errors(fields: dict[str, str], spec: dict | None = None) -> list[dict]:
+    return [
+        {
+            "path": path,
+            "label": _path_label(path, spec),
+            "message": message,
+            "step": wizard_step_for_path(path),
+        }
+        for path, message in fields.items()
+    ]
+
+
+def _created(request, operation):
+    cluster = operation.cluster
+    operation.refresh_from_db()
+    if operation.state == "FAILED":
+        messages.warning(
+            request,
+            f"Cluster {cluster.cluster_id} was recorded, but creating it failed: "
+            f"{operation.error_message}",
+        )
+    else:
+        messages.success(request, f"Creating cluster {cluster.cluster_id}.")
+    return redirect("clusters:cluster_detail", cluster_id=cluster.cluster_id)
+
+
+def _try_create(request, spec: dict) -> tuple[object | None, list[dict]]:
+    """(Operation, []) or (None, errors)."""
+    try:
+        return services.cluster_create(spec=spec, owner=request.user), []
+    except SpecError as exc:
+        return None, _spec_errors(exc.fields, spec)
+    except services.ClusterConflict as exc:
+        path = exc.field or "non_field_errors"
+        return None, _spec_errors({path: str(exc)}, spec)
+
+
+@staff_required
+def create_landing(request):
+    return render(request, "clusters/create_landing.html", {"architectures": architecture_list()})
+
+
+# --- create: JSON upload ------------------------------------------------------
+@staff_required
+@require_http_methods(["GET", "POST"])
+def create_json(request):
+    form = forms.SpecUploadForm(request.POST or None, request.FILES or None)
+    spec_errors: list[dict] = []
+    if request.method == "POST" and form.is_valid():
+        operation, spec_errors = _try_create(request, form.cleaned_data["spec"])
+        if operation:
+            return _created(request, operation)
+    example = architecture_get("local-dev").build_spec(forms.suggest_cluster_id("dev"))
+    return render(
+        request,
+        "clusters/create_json.html",
+        {"form": form, "spec_errors": spec_errors, "example": json.dumps(example, indent=2)},
+    )
+
+
+# --- create: reference architectures -------------------------------------------
+@staff_required
+def create_reference(request):
+    return render(request, "clusters/create_reference.html", {"architectures": architecture_list()})
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def create_reference_edit(request, key: str):
+    arch = architecture_get(key)
+    if arch is None:
+        raise Http404(f"No reference architecture '{key}'.")
+    spec_errors: list[dict] = []
+    if request.method == "POST":
+        form = forms.ReferenceSpecForm(request.POST)
+        if form.is_valid():
+            operation, errors = _try_create(request, form.cleaned_data["spec"])
+            if operation:
+                return _created(request, operation)
+            for error in errors:
+                if error["path"] == "cluster_id":
+                    form.add_error("cluster_id", error["message"])
+                else:
+                    spec_errors.append(error)
+    else:
+        cluster_id = forms.suggest_cluster_id(arch.spec["cluster_id"])
+        form = forms.ReferenceSpecForm(
+            initial={
+                "cluster_id": cluster_id,
+                "spec_text": json.dumps(arch.build_spec(cluster_id), indent=2),
+            }
+        )
+    return render(
+        request,
+        "clusters/create_reference_edit.html",
+        {"arch": arch, "form": form, "spec_errors": spec_errors},
+    )
+
+
+# --- create: the wizard -------------------------------------------------------
+WIZARD_KEY = "mtc_cluster_wizard"
+WIZARD_STEPS = (
+    ("basics", "Basics"),
+    ("pools", "Node pools"),
+    ("network", "Network"),
+    ("storage", "Storage"),
+    ("slurm", "Slurm"),
+    ("review", "Review"),
+)
+STEP_KEYS = [key for key, _ in WIZARD_STEPS]
+STEP_TITLES = dict(WIZARD_STEPS)
+_BASICS_FIELDS = ("cluster_id", "display_name", "provider", "zone", "labels")
+
+
+def wizard_step_for_path(path: str) -> str | None:
+    """Which wizard step holds the field a spec error names."""
+    head = re.split(r"[.\[]", path, maxsplit=1)[0]
+    if path.startswith(("node_pools", "orchestrator_spec.slurm_spec.login_node_pool_id")):
+        return "pools"
+    if head == "orchestrator_spec":
+        return "slurm"
+    if head in ("network", "storage"):
+        return head
+    if head in _BASICS_FIELDS:
+        return "basics"
+    return None
+
+
+def _wizard_data(request) -> dict:
+    return request.session.get(WIZARD_KEY) or {}
+
+
+def _wizard_save(request, step: str, value: dict) -> None:
+    data = _wizard_data(request)
+    data[step] = value
+    request.session[WIZARD_KEY] = data
+
+
+def _first_missing_step(data: dict) -> str:
+    for key in STEP_KEYS[:-1]:
+        if key not in data:
+            return key
+    return "review"
+
+
+def _compute_pool_ids(data: dict) -> list[str]:
+    return [p["pool_id"] for p in data.get("pools", {}).get("compute", [])]
+
+
+def _step_forms(request, step: str, data: dict) -> dict:
+    """The bound (POST) or initial forms of one step."""
+    post = request.POST if request.method == "POST" else None
+    stored = data.get(step)
+    provider = data.get("basics", {}).get("provider", "local")
+    if step == "basics":
+        initial = stored or {"cluster_id": forms.suggest_cluster_id(), "provider": "local"}
+        return {"form": forms.BasicsForm(post, initial=initial)}
+    if step == "pools":
+        if stored:
+            login_initial = {k: stored[k] for k in ("login_pool_id", "login_machine_type")}
+            compute_initial = stored["compute"]
+        else:
+            gce = provider == "gce"
+            login_initial = {
+                "login_pool_id": "login",
+                "login_machine_type": "n2-standard-8" if gce else "local-2",
+            }
+            compute_initial = [
+                {
+                    "pool_id": "gpu",
+                    "machine_type": "a3-ultragpu-8g" if gce else "local-2",
+                    "accelerator_type": "NVIDIA_H200_141GB",
+                    "accelerator_count": 8,
+                    "node_count": 2,
+                    "provisioning_model": "STANDARD",
+                }
+            ]
+        return {
+            "form": forms.LoginPoolForm(post, prefix="login", initial=login_initial),
+            "formset": forms.ComputePoolFormSet(post, prefix="pools", initial=compute_initial),
+        }
+    if step == "network":
+        return {"form": forms.NetworkForm(post, initial=stored or {})}
+    if step == "storage":
+        return {"form": forms.StorageForm(post, initial=stored or {})}
+    if step == "slurm":
+        pool_ids = _compute_pool_ids(data)
+        login_id = data.get("pools", {}).get("login_pool_id", "")
+        initial = stored or {"partitions": forms.default_partitions(pool_ids)}
+        return {
+            "form": forms.SlurmForm(
+                post, initial=initial, pool_ids=pool_ids, login_pool_id=login_id
+            )
+        }
+    return {}
+
+
+def _step_valid(step: str, step_forms: dict, data: dict) -> dict | None:
+    """The step's data to store, or None when a form has errors."""
+    form = step_forms["form"]
+    if step == "pools":
+        provider = data.get("basics", {}).get("provider", "local")
+        formset = step_forms["formset"]
+        if forms.check_pools(form, formset, provider):
+            return forms.pools_data(form, formset)
+        return None
+    if not form.is_valid():
+        return None
+    return dict(form.cleaned_data)
+
+
+def _wizard_render(request, step: str, data: dict, extra: dict) -> object:
+    done = {key for key in STEP_KEYS if key in data}
+    index = STEP_KEYS.index(step)
+    steps = [
+        {
+            "key": key,
+            "title": title,
+            "number": i + 1,
+            "current": key == step,
+            "done": key in done,
+            "reachable": i <= STEP_KEYS.index(_first_missing_step(data)),
+        }
+        for i, (key, title) in enumerate(WIZARD_STEPS)
+    ]
+    context = {
+        "step": step,
+        "step_title": STEP_TITLES[step],
+        "steps": steps,
+        "previous_step": STEP_KEYS[index - 1] if index else None,
+        "is_last_input_step": step == "slurm",
+        "provider": data.get("basics", {}).get("provider", "local"),
+        "machine_suggestions": forms.MACHINE_SUGGESTIONS,
+        "accelerator_suggestions": forms.ACCELERATOR_SUGGESTIONS,
+        **extra,
+    }
+    return render(request, "clusters/wizard.html", context)
+
+
+@staff_required
+def wizard_start(request):
+    return redirect("clusters:wizard_step", step=_first_missing_step(_wizard_data(request)))
+
+
+@staff_required
+@require_POST
+def wizard_reset(request):
+    request.session.pop(WIZARD_KEY, None)
+    return redirect("clusters:wizard_step", step="basics")
+
+
+@staff_required
+@require_http_methods(["GET", "POST"])
+def wizard_step(request, step: str):
+    if step not in STEP_KEYS:
+        raise Http404("No such step.")
+    data = _wizard_data(request)
+    first_missing = _first_missing_step(data)
+    if STEP_KEYS.index(step) > STEP_KEYS.index(first_missing):
+        return redirect("clusters:wizard_step", step=first_missing)
+    if step == "review":
+        return _wizard_review(request, data)
+
+    step_forms = _step_forms(request, step, data)
+    if request.method == "POST":
+        value = _step_valid(step, step_forms, data)
+        going_back = "back" in request.POST
+        if value is not None:
+            old_provider = data.get("basics", {}).get("provider")
+            _wizard_save(request, step, value)
+            if step == "basics" and old_provider and old_provider != value["provider"]:
+                # Machine defaults depend on the provider: offer them again.
+                fresh = _wizard_data(request)
+                fresh.pop("pools", None)
+                request.session[WIZARD_KEY] = fresh
+            index = STEP_KEYS.index(step)
+            target = STEP_KEYS[index - 1] if going_back and index else STEP_KEYS[index + 1]
+            return redirect("clusters:wizard_step", step=target)
+        if going_back and STEP_KEYS.index(step):
+            return redirect("clusters:wizard_step", step=STEP_KEYS[STEP_KEYS.index(step) - 1])
+    return _wizard_render(request, step, data, step_forms)
+
+
+def _wizard_review(request, data: dict):
+    spec = forms.build_spec(data)
+    spec_errors: list[dict] = []
+    if request.method == "POST":
+        operation, spec_errors = _try_create(request, spec)
+        if operation:
+            request.session.pop(WIZARD_KEY, None)
+            return _created(request, operation)
+    else:
+        try:
+            validate_cluster_spec(spec)
+        except SpecError as exc:
+            spec_errors = _spec_errors(exc.fields, spec)
+    for error in spec_errors:
+        if error["step"]:
+            error["step_title"] = STEP_TITLES[error["step"]]
+            error["step_url"] = reverse("clusters:wizard_step", args=[error["step"]])
+    compute = data["pools"]["compute"]
+    summary = {
+        "nodes": sum(p["node_count"] for p in compute),
+        "gpus": sum(p["node_count"] * (p.get("accelerator_count") or 0) for p in compute),
+    }
+    return _wizard_render(
+        request,
+        "review",
+        data,
+        {
+            "spec": spec,
+            "spec_json": json.dumps(spec, indent=2),
+            "spec_errors": spec_errors,
+            "summary": summary,
+        },
+    )

@@ -3,7 +3,15 @@ from django.contrib.auth.views import redirect_to_login
 
 # The API authenticates itself (session or token) and answers 401/403 in JSON;
 # probes and static files need no login.
-OPEN_PREFIXES = ("/healthz", "/readyz", "/api/", "/accounts/", "/static/", "/admin/")
+OPEN_PREFIXES = (
+    "/healthz",
+    "/readyz",
+    "/api/v1/",
+    "/api/schema/",
+    "/accounts/",
+    "/static/",
+    "/admin/",
+)
 
 
 class LoginRequiredMiddleware:

@@ -40,7 +40,10 @@ def main() -> int:
         print(demo.stdout + demo.stderr, end="")
         print(f"\nmtc is running at http://127.0.0.1:{port}/  (API docs: /api/docs/)")
         print(f"logs: {stack.data_dir / 'log'}   Ctrl-C stops the stack\n")
+        parent = os.getppid()
         while not stopping:
+            if os.getppid() != parent:  # `make` was killed: it does not pass signals on
+                stopping = True
             for name, proc in list(stack.procs.items()):
                 if proc.poll() is not None:
                     print(f"mtc: {name} exited ({proc.returncode}); see {stack.data_dir}/log")

@@ -65,6 +65,11 @@ class Provider(ABC):
     @abstractmethod
     def reimage_node(self, cluster: Cluster, node: Node) -> None: ...
 
+    @abstractmethod
+    def replace_node(self, cluster: Cluster, node: Node) -> str:
+        """Put a new machine in the node's place (same name and partition); return its
+        provider id."""
+
     def login_command(self, cluster: Cluster) -> str:
         return ""
 

@@ -318,6 +318,12 @@ class LocalProvider(Provider):
         self._stop_pid(self._slurmd_pid(cluster, node.name))
         self._spawn(cluster, ["slurmd", "-f", str(self.conf_path(cluster)), "-N", node.name])
 
+    def replace_node(self, cluster: Cluster, node: Node) -> str:
+        """Locally a new machine is a fresh slurmd with empty state under the same name."""
+        generation = int(node.provider_id.rsplit("#", 1)[-1]) + 1 if "#" in node.provider_id else 1
+        self.reimage_node(cluster, node)
+        return f"local://{cluster.cluster_id}/{node.name}#{generation}"
+
     def reimage_node(self, cluster: Cluster, node: Node) -> None:
         self._stop_pid(self._slurmd_pid(cluster, node.name))
         shutil.rmtree(self.node_dir(cluster, node.name), ignore_errors=True)

@@ -1,0 +1,72 @@
+"""`manage.py mtc ...` as a terminal user types it."""
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from clusters.models import Cluster
+
+from .conftest import make_spec, sinfo_json
+
+
+def run(*args) -> str:
+    out = StringIO()
+    call_command("mtc", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.mark.slurm
+def test_create_list_get_resize_delete(local_clusters, tmp_path, admin_user):
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(make_spec("cli", nodes=2)))
+    out = run("cluster", "create", "-f", str(spec_file), "--wait")
+    assert "SUCCEEDED 100%" in out
+    assert sinfo_json("cli") == {"cli-gpu-0": "idle", "cli-gpu-1": "idle"}
+    listing = run("cluster", "list")
+    assert "cli" in listing and "RUNNING" in listing and "2/2" in listing
+    assert json.loads(run("cluster", "get", "cli"))["gpu_count"] == 16
+    run("cluster", "resize", "cli", "--pool", "gpu", "--nodes", "3", "--wait")
+    assert len(sinfo_json("cli")) == 3
+    assert "SUCCEEDED" in run("cluster", "delete", "cli", "--wait")
+    assert not Cluster.objects.exists()
+
+
+@pytest.mark.django_db
+def test_invalid_spec_lists_paths(tmp_path):
+    spec = make_spec("cli")
+    spec["node_pools"][1]["scaling_spec"]["min_node_count"] = -1
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    with pytest.raises(CommandError) as info:
+        run("cluster", "create", "-f", str(spec_file))
+    assert "node_pools[1].scaling_spec.min_node_count: Must be at least 0." in str(info.value)
+    assert not Cluster.objects.exists()
+
+
+@pytest.mark.django_db
+def test_unknown_cluster_and_bad_json(tmp_path):
+    with pytest.raises(CommandError, match="No cluster 'ghost'"):
+        run("cluster", "get", "ghost")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(CommandError, match="Cannot read the spec"):
+        run("cluster", "create", "-f", str(bad))
+
+
+@pytest.mark.django_db
+def test_bootstrap_uses_the_given_password(monkeypatch, django_user_model):
+    monkeypatch.setenv("MTC_ADMIN_PASSWORD", "s3cret-pass")
+    assert "password from MTC_ADMIN_PASSWORD" in run("bootstrap")
+    assert django_user_model.objects.get(username="admin").check_password("s3cret-pass")
+    assert "exists" in run("bootstrap")
+
+
+@pytest.mark.django_db
+def test_bootstrap_generates_and_prints_once(monkeypatch, django_user_model):
+    monkeypatch.delenv("MTC_ADMIN_PASSWORD", raising=False)
+    out = run("bootstrap")
+    password = out.split("password ")[1].split()[0]
+    assert django_user_model.objects.get(username="admin").check_password(password)
+    assert password not in run("bootstrap")

@@ -1,0 +1,111 @@
+"""The local provider and the poller against real Slurm daemons."""
+
+import pytest
+
+from clusters import operations, services
+from clusters.models import Cluster, Node
+from clusters.providers.base import get_provider
+
+from .conftest import cluster_root, make_spec, sinfo_json
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def cluster(local_clusters):
+    services.cluster_create(spec=make_spec("pv", nodes=2))
+    return Cluster.objects.get(cluster_id="pv")
+
+
+def test_layout_matches_the_published_contract(cluster):
+    root = cluster_root("pv")
+    conf = (root / "etc" / "slurm.conf").read_text()
+    assert f"SlurmctldPort={cluster.controller_port}" in conf
+    assert "NodeName=pv-gpu-0 " in conf and "Gres=gpu:h200:8" in conf
+    assert "PartitionName=gpu Nodes=pv-gpu-0,pv-gpu-1 Default=YES" in conf
+    assert "SlurmdTimeout=10" in conf and "ReturnToService=2" in conf
+    gres = (root / "etc" / "gres.conf").read_text()
+    assert f"File={root}/nodes/pv-gpu-1/dev/nvidia[0-7]" in gres
+    assert len(list((root / "nodes" / "pv-gpu-1" / "dev").iterdir())) == 8
+
+
+def test_poller_stores_drain_and_degraded(cluster):
+    provider = get_provider("local")
+    provider.drain_nodes(cluster, ["pv-gpu-1"], "maintenance window")
+    assert operations.nodes_sync(cluster=cluster) == 1
+    node = Node.objects.get(name="pv-gpu-1")
+    assert node.slurm_state == "DRAINED" and node.slurm_reason == "maintenance window"
+    assert Cluster.objects.get(pk=cluster.pk).state == "RUNNING"
+
+    provider.slurm(cluster).node_update(["pv-gpu-1"], state="RESUME")
+    provider.slurm(cluster).node_update(["pv-gpu-1"], state="DOWN", reason="broken")
+    operations.nodes_sync(cluster=cluster)
+    assert Node.objects.get(name="pv-gpu-1").slurm_state.startswith("DOWN")
+    assert Cluster.objects.get(pk=cluster.pk).state == "DEGRADED"
+
+    provider.slurm(cluster).node_update(["pv-gpu-1"], state="RESUME")
+    provider.reboot_node(cluster, Node.objects.get(name="pv-gpu-1"))  # registers at once
+    provider.wait_ready(cluster, ["pv-gpu-1"], timeout=20)
+    operations.nodes_sync(cluster=cluster)
+    assert Node.objects.get(name="pv-gpu-1").slurm_state == "IDLE"
+    assert Cluster.objects.get(pk=cluster.pk).state == "RUNNING"
+
+
+def test_reboot_reimage_replace_bring_the_node_back(cluster):
+    provider = get_provider("local")
+    node = Node.objects.get(name="pv-gpu-0")
+    scratch = cluster_root("pv") / "nodes" / "pv-gpu-0" / "scratch" / "leftover"
+    scratch.write_text("x")
+    provider.reboot_node(cluster, node)
+    provider.wait_ready(cluster, ["pv-gpu-0"], timeout=20)
+    assert scratch.exists()
+    provider.reimage_node(cluster, node)
+    provider.wait_ready(cluster, ["pv-gpu-0"], timeout=20)
+    assert not scratch.exists()
+    assert provider.replace_node(cluster, node) == "local://pv/pv-gpu-0#1"
+    provider.wait_ready(cluster, ["pv-gpu-0"], timeout=20)
+    assert sinfo_json("pv")["pv-gpu-0"] == "idle"
+
+
+def test_controller_restore_after_host_restart(cluster):
+    provider = get_provider("local")
+    provider.stop_cluster(cluster)
+    assert not provider.controller_alive(cluster)
+    assert operations.clusters_restore() == ["pv"]
+    assert provider.controller_alive(cluster)
+    assert sinfo_json("pv") == {"pv-gpu-0": "idle", "pv-gpu-1": "idle"}
+    assert Cluster.objects.get(pk=cluster.pk).state == "RUNNING"
+    assert operations.clusters_restore() == []
+
+
+def test_scale_down_waits_for_running_jobs(cluster):
+    """A node that runs a job is drained and removed only once the job ends."""
+    import subprocess
+    import time
+
+    conf = cluster_root("pv") / "etc" / "slurm.conf"
+    env = {"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin"}
+    subprocess.run(
+        ["sbatch", "-w", "pv-gpu-1", "-o", "/dev/null", "--wrap", "sleep 4"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    deadline = time.monotonic() + 30
+    while "RUNNING" not in subprocess.run(
+        ["squeue", "--noheader", "--format=%T"], env=env, capture_output=True, text=True
+    ).stdout:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.1)
+    start = time.monotonic()
+    services.cluster_update(
+        cluster=cluster,
+        patch={
+            "node_pools": [
+                {"id": "gpu", "scaling_spec": {"min_node_count": 1, "max_node_count": 1}}
+            ]
+        },
+    )
+    assert time.monotonic() - start >= 2
+    assert sinfo_json("pv") == {"pv-gpu-0": "idle"}
+    assert cluster.operations.first().state == "SUCCEEDED"
