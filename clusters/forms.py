@@ -483,6 +483,7 @@ class SlurmForm(forms.Form):
             attrs={"rows": 4, "class": "mono", "placeholder": "#!/bin/bash\n# runs before each job"}
         ),
         required=False,
+        strip=False,
         max_length=MAX_SCRIPT_BYTES,
     )
     epilog = forms.CharField(
@@ -491,6 +492,7 @@ class SlurmForm(forms.Form):
             attrs={"rows": 4, "class": "mono", "placeholder": "#!/bin/bash\n# runs after each job"}
         ),
         required=False,
+        strip=False,
         max_length=MAX_SCRIPT_BYTES,
     )
 

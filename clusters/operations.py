@@ -7,10 +7,12 @@ exists, so running twice creates nothing twice."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import socket
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -115,22 +117,35 @@ def _port_free(port: int) -> bool:
 
 
 def allocate_ports(count: int) -> list[int]:
-    """Ports no cluster in the database uses and nothing on this host listens on."""
+    """Ports no cluster in the database uses and nothing on this host listens on.
+
+    Allocation goes round the range from where it last stopped, so a port a deleted
+    cluster just released (its sockets may linger in the kernel) is not reused at once."""
     used = set(
         Cluster.objects.exclude(controller_port=None).values_list("controller_port", flat=True)
     )
     used |= set(Node.objects.exclude(port=None).values_list("port", flat=True))
     low, high = settings.MTC_LOCAL_PORT_RANGE
-    ports: list[int] = []
-    for port in range(low, high + 1):
-        if len(ports) == count:
-            break
-        if port not in used and _port_free(port):
-            ports.append(port)
-    if len(ports) < count:
-        raise ProviderError(
-            "No free ports left for local Slurm daemons.", code="RESOURCE_EXHAUSTED"
-        )
+    cursor_file = Path(settings.DATA_DIR) / "port-cursor"
+    with open(cursor_file, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        text = fh.read().strip()
+        start = int(text) + 1 if text.isdigit() and low <= int(text) < high else low
+        ports: list[int] = []
+        for offset in range(high - low + 1):
+            port = low + (start - low + offset) % (high - low + 1)
+            if port not in used and _port_free(port):
+                ports.append(port)
+                if len(ports) == count:
+                    break
+        if len(ports) < count:
+            raise ProviderError(
+                "No free ports left for local Slurm daemons.", code="RESOURCE_EXHAUSTED"
+            )
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(ports[-1]))
     return ports
 
 

@@ -277,7 +277,25 @@ class LocalProvider(Provider):
                 for name in wanted
             )
 
-        self._wait(ready, timeout, f"nodes did not register with Slurm within {timeout:.0f}s")
+        try:
+            self._wait(ready, timeout, "")
+        except ProviderError:
+            dead = [name for name in names if not self._slurmd_pid(cluster, name)]
+            detail = "; ".join(f"{name}: {self._last_error(cluster, name)}" for name in dead)
+            raise ProviderError(
+                f"nodes did not register with Slurm within {timeout:.0f}s"
+                + (f" (slurmd not running on {detail})" if dead else ""),
+                code="TIMEOUT",
+            ) from None
+
+    def _last_error(self, cluster: Cluster, name: str) -> str:
+        log_file = self.root(cluster) / "log" / f"slurmd-{name}.log"
+        try:
+            lines = log_file.read_text(errors="replace").splitlines()
+        except OSError:
+            return "no log"
+        errors = [line for line in lines if "error:" in line and "pmix" not in line.lower()]
+        return errors[-1].split("error:", 1)[1].strip() if errors else "no error logged"
 
     def delete_nodes(self, cluster: Cluster, nodes: list[Node]) -> None:
         for node in nodes:
