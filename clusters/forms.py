@@ -427,28 +427,30 @@ class StorageForm(forms.Form):
 
     def clean(self):
         data = super().clean()
-        if self.errors:
-            return data
-        if data.get("home_ip") or data.get("home_share"):
-            for name in ("home_ip", "home_share"):
-                if not data.get(name):
-                    self.add_error(name, "Give both the server IP and the share for /home.")
+
+        def given(name: str) -> bool:  # typed in, valid or not
+            return bool(data.get(name)) or name in self.errors
+
+        def need(name: str, message: str) -> None:
+            if not given(name):
+                self.add_error(name, message)
+
+        if given("home_ip") or given("home_share"):
+            need("home_ip", "Give both the server IP and the share for /home.")
+            need("home_share", "Give both the server IP and the share for /home.")
             data["home_type"] = data.get("home_type") or "filestore"
         lustre_set = any(
-            data.get(n)
-            for n in ("lustre_ip", "lustre_filesystem", "lustre_tier", "lustre_capacity_gib")
+            given(n) for n in ("lustre_ip", "lustre_filesystem", "lustre_tier",
+                               "lustre_capacity_gib")
         )
         if lustre_set:
             for name in ("lustre_ip", "lustre_filesystem", "lustre_mount_point"):
-                if not data.get(name):
-                    self.add_error(name, "Required for a Lustre mount.")
-        if data.get("gcs_mount_point") and not data.get("gcs_bucket"):
-            self.add_error("gcs_bucket", "Name the bucket to mount.")
-        if data.get("gcs_bucket") and not data.get("gcs_mount_point"):
+                need(name, "Required for a Lustre mount.")
+        if given("gcs_mount_point"):
+            need("gcs_bucket", "Name the bucket to mount.")
+        if data.get("gcs_bucket") and not given("gcs_mount_point"):
             data["gcs_mount_point"] = f"/gcs/{data['gcs_bucket']}"
-        mounts = {}
-        if data.get("home_ip"):
-            mounts["/home"] = "home"
+        mounts = {"/home": "home"} if given("home_ip") else {}
         for name, used in (("lustre_mount_point", lustre_set), ("gcs_mount_point", True)):
             point = data.get(name)
             if not point or not used:

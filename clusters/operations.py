@@ -252,6 +252,14 @@ def _reconcile_cluster(operation: Operation) -> None:
             if time.monotonic() > deadline:
                 raise
             operation_progress(operation, message="Waiting for nodes to register with Slurm")
+            dead = provider.dead_nodes(cluster, nodes)
+            if dead:  # e.g. a port still held by a process outside mtc: move those nodes
+                for node, port in zip(dead, allocate_ports(len(dead)), strict=True):
+                    Node.objects.filter(pk=node.pk).update(port=port)
+                nodes = list(
+                    cluster.nodes.select_related("pool").order_by("pool__pool_id", "index")
+                )
+                provider.apply(cluster, nodes)
     cluster.nodes.update(lifecycle=NodeLifecycle.ACTIVE)
     nodes_sync(cluster=cluster, provider=provider)
     Cluster.objects.filter(pk=cluster.pk).exclude(state=ClusterState.DELETING).update(

@@ -109,3 +109,26 @@ def test_scale_down_waits_for_running_jobs(cluster):
     assert time.monotonic() - start >= 2
     assert sinfo_json("pv") == {"pv-gpu-0": "idle"}
     assert cluster.operations.first().state == "SUCCEEDED"
+
+
+def test_node_whose_port_is_taken_moves_to_another(local_clusters, monkeypatch, settings):
+    """A port something outside mtc grabbed between allocation and start."""
+    import socket
+
+    from clusters import operations as ops
+
+    cursor = settings.DATA_DIR / "port-cursor"
+    low = settings.MTC_LOCAL_PORT_RANGE[0]
+    last = int(cursor.read_text()) if cursor.exists() else low - 1
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", last + 2))  # the first node's port (controller gets last + 1)
+    blocker.listen()
+    monkeypatch.setattr(ops, "_port_free", lambda port: True)
+    try:
+        services.cluster_create(spec=make_spec("mv", nodes=2))
+    finally:
+        blocker.close()
+    cluster = Cluster.objects.get(cluster_id="mv")
+    assert cluster.operations.first().state == "SUCCEEDED"
+    assert Node.objects.get(name="mv-gpu-0").port != last + 2
+    assert sinfo_json("mv") == {"mv-gpu-0": "idle", "mv-gpu-1": "idle"}

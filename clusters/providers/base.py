@@ -50,6 +50,10 @@ class Provider(ABC):
         """Slurm's view of the nodes, from one sinfo call."""
         return self.slurm(cluster).nodes()
 
+    def dead_nodes(self, cluster: Cluster, nodes: list[Node]) -> list[Node]:
+        """Nodes whose daemon or machine is gone (only providers that can tell)."""
+        return []
+
     def drain_nodes(self, cluster: Cluster, names: list[str], reason: str) -> None:
         if names:
             self.slurm(cluster).node_update(names, state="DRAIN", reason=reason)

@@ -329,6 +329,9 @@ class LocalProvider(Provider):
     def controller_alive(self, cluster: Cluster) -> bool:
         return self._slurmctld_pid(cluster) is not None
 
+    def dead_nodes(self, cluster: Cluster, nodes: list[Node]) -> list[Node]:
+        return [n for n in nodes if not self._slurmd_pid(cluster, n.name)]
+
     def node_alive(self, cluster: Cluster, name: str) -> bool:
         return self._slurmd_pid(cluster, name) is not None
 
