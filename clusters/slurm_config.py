@@ -72,6 +72,8 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         "JobCompType": "jobcomp/none",
         "MpiDefault": "none",
         "SchedulerType": "sched/backfill",
+        # Start a submitted batch job at once instead of batching starts every 3 s.
+        "SchedulerParameters": "batch_sched_delay=0",
         "GresTypes": "gpu",
         # Lets a node advertise more CPUs/GPUs than this host has.
         "SlurmdParameters": "config_overrides",
