@@ -59,3 +59,9 @@ def _plotly_source() -> bytes:
 @cache_control(max_age=86400, public=True)
 def plotly_js(request):
     return HttpResponse(_plotly_source(), content_type="application/javascript")
+
+
+def api_not_found(request, *args, **kwargs):
+    from mtc.api.errors import error_body
+
+    return JsonResponse(error_body("NOT_FOUND", f"No API endpoint at {request.path}."), status=404)

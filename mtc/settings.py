@@ -157,6 +157,7 @@ CELERY_TASK_ALWAYS_EAGER = os.environ.get("MTC_CELERY_EAGER", "0") == "1"
 CELERY_TASK_EAGER_PROPAGATES = False
 CELERY_BEAT_SCHEDULE = {
     "nodes-poll": {"task": "clusters.tasks.nodes_poll_all", "schedule": 5.0},
+    "jobs-poll": {"task": "jobs.tasks.jobs_poll_all", "schedule": 3.0},
     "clusters-reconcile": {"task": "clusters.tasks.clusters_reconcile_all", "schedule": 10.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")

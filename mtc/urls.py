@@ -1,11 +1,13 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from . import probes
 
 api_v1 = [
     path("", include("clusters.api.urls")),
+    path("", include("jobs.api.urls")),
+    re_path(r"^.*$", probes.api_not_found),  # JSON, not the HTML 404 page
 ]
 
 urlpatterns = [

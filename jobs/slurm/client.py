@@ -70,6 +70,7 @@ class SlurmClient:
         stdin: str | None = None,
         timeout: float | None = None,
         check: bool = True,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess:
         try:
             proc = subprocess.run(
@@ -77,7 +78,7 @@ class SlurmClient:
                 input=stdin,
                 capture_output=True,
                 text=True,
-                env=self.env(),
+                env=env or self.env(),
                 timeout=timeout or self.timeout,
                 check=False,
             )
@@ -87,6 +88,7 @@ class SlurmClient:
             raise SlurmError(f"{args[0]} is not installed", permanent=True, command=args) from exc
         if check and proc.returncode != 0:
             message = (proc.stderr or proc.stdout).strip() or f"{args[0]} exited {proc.returncode}"
+            message = message.removeprefix(f"{args[0]}: error: ")
             transient = any(m in message.lower() for m in TRANSIENT_MARKERS)
             raise SlurmError(message, permanent=not transient, command=args)
         return proc
@@ -128,6 +130,72 @@ class SlurmClient:
 
     def reconfigure(self) -> None:
         self.run(["scontrol", "reconfigure"])
+
+    def queue(self) -> list:
+        """Every job slurmctld still holds (also ones that ended within MinJobAge),
+        array tasks one per line, from one `squeue` call."""
+        from .queue import SQUEUE_FORMAT, parse_squeue
+
+        out = self.run(
+            [
+                "squeue",
+                "--noheader",
+                "--states=all",
+                "--array",
+                f"--Format={SQUEUE_FORMAT}",
+            ],
+            timeout=60,
+        ).stdout
+        return parse_squeue(out)
+
+    def queue_json(self) -> list:
+        from .queue import parse_squeue_json
+
+        out = self.run(["squeue", "--states=all", "--array", "--json"], timeout=120).stdout
+        return parse_squeue_json(json.loads(out))
+
+    def job(self, job_id: str):
+        """One job from the queue, or None when slurmctld no longer knows it."""
+        from .queue import JOB_ID_RE, SQUEUE_FORMAT, parse_squeue
+
+        if not JOB_ID_RE.match(job_id):
+            raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        proc = self.run(
+            [
+                "squeue",
+                "--noheader",
+                "--states=all",
+                "--array",
+                f"--jobs={job_id}",
+                f"--Format={SQUEUE_FORMAT}",
+            ],
+            check=False,
+        )
+        jobs = [j for j in parse_squeue(proc.stdout) if j.job_id == job_id]
+        return jobs[0] if jobs else None
+
+    def submit(self, args: list[str], script: str, env: dict[str, str]) -> str:
+        """Run sbatch with ``args``, the script on stdin, ``env`` as the job's extra
+        environment. Returns the job id."""
+        # The job gets a clean environment: the host's PATH and locale, and what was asked.
+        base = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
+        base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        proc = self.run(args, stdin=script, env={**base, **env, "SLURM_CONF": self.conf_path})
+        return proc.stdout.strip().split(";")[0]
+
+    def control(self, action: str, job_id: str) -> None:
+        """cancel, requeue, hold or release one job."""
+        from .queue import JOB_ID_RE
+
+        if not JOB_ID_RE.match(job_id):
+            raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        commands = {
+            "cancel": ["scancel", job_id],
+            "requeue": ["scontrol", "requeue", job_id],
+            "hold": ["scontrol", "uhold", job_id],  # a user hold, as the user asked
+            "release": ["scontrol", "release", job_id],
+        }
+        self.run(commands[action])
 
     def cancel_all(self) -> None:
         out = self.run(["squeue", "--noheader", "--format=%A"], check=False).stdout

@@ -1,0 +1,128 @@
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.generics import GenericAPIView
+from rest_framework.response import Response
+
+from clusters.models import Cluster
+from jobs.slurm import SlurmError
+from jobs.slurm.queue import JOB_ID_RE
+from jobs.slurm.submit import SubmissionError
+from mtc.api.errors import ApiError
+
+from .. import selectors, services
+from ..filtersets import JobFilterSet
+from ..models import Job
+from .serializers import (
+    JobDetailSerializer,
+    JobOutputSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+)
+
+
+def slurm_error(exc: SlurmError) -> ApiError:
+    if exc.permanent:
+        return ApiError(code="SLURM_REJECTED", message=f"Slurm refused: {exc}")
+    return ApiError(
+        code="UNAVAILABLE",
+        message=f"Slurm is not answering: {exc}",
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+    )
+
+
+class ClusterJobsMixin:
+    def cluster(self) -> Cluster:
+        return get_object_or_404(Cluster, cluster_id=self.kwargs["cluster_id"])
+
+    def job(self) -> Job:
+        job_id = self.kwargs["job_id"]
+        if not JOB_ID_RE.match(job_id):
+            raise ApiError(
+                code="INVALID_ARGUMENT",
+                message="job_id must look like 123 or 123_4.",
+                fields={"job_id": "Must match ^\\d+(_\\d+)?$."},
+            )
+        qs = selectors.jobs_visible_to(self.request.user, self.cluster())
+        return get_object_or_404(qs.prefetch_related("events"), job_id=job_id)
+
+
+class JobListView(ClusterJobsMixin, GenericAPIView):
+    serializer_class = JobSerializer
+    filterset_class = JobFilterSet
+
+    def get_queryset(self):
+        return selectors.jobs_visible_to(self.request.user, self.cluster())
+
+    def get(self, request, cluster_id):
+        qs = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(JobSerializer(page, many=True).data)
+
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    def post(self, request, cluster_id):
+        cluster = self.cluster()
+        try:
+            submission = services.job_validate(cluster=cluster, data=request.data)
+            job = services.job_submit(cluster=cluster, owner=request.user, submission=submission)
+        except SubmissionError as exc:
+            raise ApiError(
+                code="INVALID_ARGUMENT", message=f"Invalid job: {exc}", fields=exc.fields
+            ) from exc
+        except services.JobConflict as exc:
+            raise ApiError(
+                code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
+            ) from exc
+        except SlurmError as exc:
+            raise slurm_error(exc) from exc
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+
+class JobDetailView(ClusterJobsMixin, GenericAPIView):
+    serializer_class = JobDetailSerializer
+
+    def get(self, request, cluster_id, job_id):
+        return Response(JobDetailSerializer(self.job()).data)
+
+
+class JobActionView(ClusterJobsMixin, GenericAPIView):
+    serializer_class = JobSerializer
+    action_name = ""
+
+    @extend_schema(request=None, responses={202: JobSerializer})
+    def post(self, request, cluster_id, job_id):
+        job = self.job()
+        try:
+            job = services.job_control(job=job, action=self.action_name, actor=request.user)
+        except services.JobConflict as exc:
+            raise ApiError(
+                code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
+            ) from exc
+        except SlurmError as exc:
+            raise slurm_error(exc) from exc
+        return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+
+class JobOutputView(ClusterJobsMixin, GenericAPIView):
+    serializer_class = JobOutputSerializer
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("stream", str, enum=["stdout", "stderr"]),
+            OpenApiParameter("offset", int),
+        ]
+    )
+    def get(self, request, cluster_id, job_id):
+        stream = request.query_params.get("stream", "stdout")
+        raw_offset = request.query_params.get("offset", "0")
+        fields = {}
+        if stream not in ("stdout", "stderr"):
+            fields["stream"] = "Must be stdout or stderr."
+        if not raw_offset.isdigit():
+            fields["offset"] = "Must be a whole number of bytes (0 or more)."
+        if fields:
+            raise ApiError(
+                code="INVALID_ARGUMENT", message="Invalid output request.", fields=fields
+            )
+        job = self.job()
+        return Response(selectors.job_output(job, stream=stream, offset=int(raw_offset)))

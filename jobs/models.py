@@ -1,0 +1,77 @@
+from django.conf import settings
+from django.db import models
+
+from clusters.models import Cluster
+
+from .choices import JobState
+
+
+class Job(models.Model):
+    """A Slurm job as the poller last saw it, plus what mtc knows about it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="jobs")
+    job_id = models.CharField(max_length=32, help_text="Slurm's id: 123, or 123_4 for a task")
+    job_number = models.PositiveBigIntegerField(help_text="123 for both 123 and 123_4")
+    array_task_id = models.IntegerField(null=True, blank=True)
+    name = models.CharField(max_length=200)
+    user = models.CharField(max_length=64, help_text="The Slurm (Unix) user")
+    partition = models.CharField(max_length=64, blank=True)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    reason = models.CharField(max_length=200, blank=True)
+    nodes = models.PositiveIntegerField(default=1)
+    node_list = models.CharField(max_length=500, blank=True)
+    cpus = models.PositiveIntegerField(default=1)
+    gpus_per_node = models.PositiveIntegerField(default=0)
+    time_limit = models.CharField(max_length=32, blank=True)
+    submit_time = models.DateTimeField(null=True, blank=True)
+    start_time = models.DateTimeField(null=True, blank=True)
+    end_time = models.DateTimeField(null=True, blank=True)
+    exit_code = models.CharField(max_length=16, blank=True, help_text="exit:signal, as Slurm")
+    requeue_count = models.PositiveIntegerField(default=0)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="jobs",
+    )
+    submitted_by_mtc = models.BooleanField(default=False)
+    script = models.TextField(blank=True)
+    options = models.JSONField(default=dict, blank=True)
+    recipe = models.CharField(max_length=64, blank=True)
+    parameters = models.JSONField(default=dict, blank=True)
+    checkpoint_dir = models.CharField(max_length=500, blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+    update_time = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-job_number", "array_task_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "job_id"], name="job_id_unique_per_cluster")
+        ]
+        indexes = [
+            models.Index(fields=["cluster", "-job_number", "array_task_id"]),
+            models.Index(fields=["cluster", "state"]),
+            models.Index(fields=["cluster", "owner"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.job_id}"
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+
+class JobEvent(models.Model):
+    """One change in a job's life: state changes, requests, interruptions (in order)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    time = models.DateTimeField()
+    state = models.CharField(max_length=16, blank=True)
+    reason = models.CharField(max_length=200, blank=True)
+    cause = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["time", "id"]
+        indexes = [models.Index(fields=["job", "time"])]

@@ -1,0 +1,53 @@
+"""Reads on jobs: what a user may see, from the database only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+from django.db.models import Count, QuerySet
+
+from clusters.models import Cluster
+
+from .models import Job
+
+OUTPUT_CHUNK = 64 * 1024
+
+
+def jobs_visible_to(user, cluster: Cluster) -> QuerySet[Job]:
+    """Operators see every job; a user sees only the jobs they submitted."""
+    qs = Job.objects.filter(cluster=cluster).select_related("owner")
+    return qs if user.is_staff else qs.filter(owner=user)
+
+
+def job_state_counts(qs: QuerySet[Job]) -> dict[str, int]:
+    return dict(qs.order_by().values_list("state").annotate(n=Count("id")))
+
+
+def job_output_path(job: Job, stream: str) -> Path | None:
+    """The job's own output file, derived from its id; never a path from a request."""
+    if not job.submitted_by_mtc:
+        return None
+    output_dir = Path(settings.DATA_DIR) / "clusters" / job.cluster.cluster_id / "output"
+    path = output_dir / f"slurm-{job.job_id}.{'out' if stream == 'stdout' else 'err'}"
+    return path if path.resolve().parent == output_dir.resolve() else None
+
+
+def job_output(job: Job, *, stream: str, offset: int, limit: int = OUTPUT_CHUNK) -> dict:
+    path = job_output_path(job, stream)
+    data, size = b"", 0
+    if path is not None and path.exists():
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            if offset < size:
+                fh.seek(offset)
+                data = fh.read(limit)
+    return {
+        "stream": stream,
+        "offset": offset,
+        "next_offset": offset + len(data),
+        "size": size,
+        "data": data.decode("utf-8", errors="replace"),
+        "eof": offset + len(data) >= size,
+        "available": path is not None,
+    }

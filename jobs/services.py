@@ -1,0 +1,158 @@
+"""Writes on jobs: submit, control (cancel/requeue/hold/release), and the poller's sync."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from clusters.choices import CLUSTER_LIVE_STATES
+from clusters.models import Cluster
+from clusters.providers.base import get_provider
+from jobs.slurm import SlurmError
+from jobs.slurm.submit import Submission, sbatch_args, validate_submission
+
+from .choices import CAN_CANCEL, CAN_HOLD, CAN_REQUEUE, HELD_REASONS, JobState
+from .models import Job, JobEvent
+from .sync import apply_queue_job
+
+
+class JobConflict(Exception):
+    """The job's or cluster's state does not allow this (HTTP 409)."""
+
+
+def cluster_job_dirs(cluster: Cluster) -> tuple[Path, Path]:
+    """Where mtc's jobs write their output, and their working directory."""
+    root = Path(settings.DATA_DIR) / "clusters" / cluster.cluster_id
+    output, work = root / "output", root / "work"
+    output.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    return output, work
+
+
+def cluster_partitions(cluster: Cluster) -> list[str]:
+    return [p["id"] for p in cluster.spec["orchestrator_spec"]["slurm_spec"]["partitions"]]
+
+
+def _limits(cluster: Cluster) -> tuple[int, int]:
+    pools = [
+        p
+        for p in cluster.spec["node_pools"]
+        if p["id"] != cluster.spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
+    ]
+    nodes = sum(p["scaling_spec"]["max_node_count"] for p in pools)
+    gpus = max((p["machine_spec"].get("accelerator_count", 0) or 0 for p in pools), default=0)
+    return nodes, gpus
+
+
+def job_validate(*, cluster: Cluster, data) -> Submission:
+    """Check a submission against the cluster; raises SubmissionError."""
+    max_nodes, max_gpus = _limits(cluster)
+    return validate_submission(
+        data,
+        partitions=cluster_partitions(cluster),
+        max_nodes=max_nodes,
+        max_gpus_per_node=max_gpus,
+    )
+
+
+def job_submit(
+    *,
+    cluster: Cluster,
+    owner,
+    submission: Submission,
+    recipe: str = "",
+    parameters: dict | None = None,
+    checkpoint_dir: str = "",
+) -> Job:
+    """sbatch the job (script on stdin) and record it. Raises SlurmError or JobConflict."""
+    if cluster.state not in CLUSTER_LIVE_STATES:
+        raise JobConflict(
+            f"Cluster '{cluster.cluster_id}' is {cluster.state}; jobs need it RUNNING."
+        )
+    output_dir, work_dir = cluster_job_dirs(cluster)
+    args = sbatch_args(
+        submission,
+        output_dir=str(output_dir),
+        work_dir=str(work_dir),
+        comment=f"mtc-owner={owner.username}" if owner else "mtc",
+    )
+    env = {**submission.env, "MTC_CLUSTER": cluster.cluster_id}
+    job_id = get_provider(cluster.provider).slurm(cluster).submit(args, submission.script, env)
+    now = timezone.now()
+    number = int(job_id.split("_")[0])
+    with transaction.atomic():
+        job, _ = Job.objects.update_or_create(
+            cluster=cluster,
+            job_id=str(number),
+            defaults=dict(
+                job_number=number,
+                array_task_id=None,
+                name=submission.name,
+                user="",
+                partition=submission.partition,
+                state=JobState.PENDING,
+                nodes=submission.nodes,
+                gpus_per_node=submission.gpus_per_node,
+                time_limit=submission.time_limit,
+                submit_time=now,
+                owner=owner,
+                submitted_by_mtc=True,
+                script=submission.script,
+                options=submission.as_options(),
+                recipe=recipe,
+                parameters=parameters or {},
+                checkpoint_dir=checkpoint_dir,
+            ),
+        )
+        JobEvent.objects.create(
+            job=job,
+            time=now,
+            state=JobState.PENDING,
+            cause=f"submitted by {owner.username if owner else 'mtc'}",
+        )
+    return job
+
+
+ACTIONS = {
+    "cancel": (CAN_CANCEL, "cancelled"),
+    "requeue": (CAN_REQUEUE, "requeued"),
+    "hold": (CAN_HOLD, "held"),
+    "release": ({JobState.PENDING}, "released"),
+}
+
+
+def job_control(*, job: Job, action: str, actor) -> Job:
+    """Cancel, requeue, hold or release. Raises JobConflict when the state forbids it."""
+    allowed, verb = ACTIONS[action]
+    held = job.reason in HELD_REASONS
+    if (
+        job.state not in allowed
+        or (action == "release" and not held)
+        or (action == "hold" and held)
+    ):
+        raise JobConflict(
+            f"Job {job.job_id} is {job.state}"
+            + (f" ({job.reason})" if job.reason else "")
+            + f"; it cannot be {verb}."
+        )
+    client = get_provider(job.cluster.provider).slurm(job.cluster)
+    try:
+        client.control(action, job.job_id)
+    except SlurmError as exc:
+        if exc.permanent:  # Slurm disagrees with our (older) view of the job
+            raise JobConflict(f"Slurm refused to {action} job {job.job_id}: {exc}") from exc
+        raise
+    now = timezone.now()
+    JobEvent.objects.create(
+        job=job,
+        time=now,
+        state=job.state,
+        cause=f"{action} requested by {getattr(actor, 'username', actor)}",
+    )
+    fresh = client.job(job.job_id)
+    if fresh is not None:
+        apply_queue_job(job, fresh, now=now, cause=f"after {action}")
+    return job

@@ -1,0 +1,184 @@
+"""Reading Slurm's queue: `squeue -O` with a field separator Slurm never prints
+(the fast path), and `squeue --json` (the fallback; many times slower on big queues,
+see bench/jobs_scale.py)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+SEP = "\x1f"  # ASCII unit separator
+# (squeue -O field, attribute) in output order.
+FIELDS = (
+    ("JobArrayID", "job_id"),
+    ("ArrayJobID", "array_job_id"),
+    ("ArrayTaskID", "array_task_id"),
+    ("Name", "name"),
+    ("UserName", "user"),
+    ("Partition", "partition"),
+    ("State", "state"),
+    ("Reason", "reason"),
+    ("NumNodes", "nodes"),
+    ("NodeList", "node_list"),
+    ("NumCPUs", "cpus"),
+    ("tres-per-node", "tres_per_node"),
+    ("TimeLimit", "time_limit"),
+    ("SubmitTime", "submit_time"),
+    ("StartTime", "start_time"),
+    ("EndTime", "end_time"),
+    ("exit_code", "exit_code"),
+    ("RestartCnt", "restart_count"),
+)
+SQUEUE_FORMAT = ",".join(f"{field}:0{SEP}" for field, _ in FIELDS)
+JOB_ID_RE = re.compile(r"^\d+(_\d+)?$")
+_GPU_RE = re.compile(r"gpu(?::[A-Za-z0-9_-]+)?:(\d+)")
+
+
+@dataclass(frozen=True)
+class QueueJob:
+    job_id: str
+    job_number: int
+    array_task_id: int | None
+    name: str
+    user: str
+    partition: str
+    state: str
+    reason: str
+    nodes: int
+    node_list: str
+    cpus: int
+    gpus_per_node: int
+    time_limit: str
+    submit_time: datetime | None
+    start_time: datetime | None
+    end_time: datetime | None
+    exit_code: str
+    restart_count: int
+
+
+def parse_time(value: str) -> datetime | None:
+    """Slurm prints local time without a zone; 'N/A', 'Unknown' and 'None' mean none."""
+    if not value or value in ("N/A", "Unknown", "None", "0"):
+        return None
+    try:
+        return datetime.fromisoformat(value).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+def _int(value: str, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def exit_code_from_status(raw: str) -> str:
+    """squeue prints the wait status (exit << 8 | signal); Slurm shows it as exit:signal."""
+    status = _int(raw, -1)
+    if status < 0:
+        return ""
+    return f"{status >> 8}:{status & 0x7F}"
+
+
+def gpus_from_tres(tres: str) -> int:
+    match = _GPU_RE.search(tres or "")
+    return int(match.group(1)) if match else 0
+
+
+def parse_squeue(text: str) -> list[QueueJob]:
+    jobs: list[QueueJob] = []
+    width = len(FIELDS)
+    for line in text.splitlines():
+        parts = line.split(SEP)
+        if len(parts) < width:
+            continue
+        row = dict(zip((attr for _, attr in FIELDS), parts, strict=False))
+        job_id = row["job_id"].strip()
+        if not JOB_ID_RE.match(job_id):
+            continue  # a pending array's summary line such as 12_[0-99]
+        number, _, task = job_id.partition("_")
+        jobs.append(
+            QueueJob(
+                job_id=job_id,
+                job_number=int(number),
+                array_task_id=int(task) if task else None,
+                name=row["name"],
+                user=row["user"],
+                partition=row["partition"],
+                state=row["state"].split()[0].rstrip("+") if row["state"] else "UNKNOWN",
+                reason="" if row["reason"] in ("None", "(null)") else row["reason"],
+                nodes=_int(row["nodes"], 1),
+                node_list="" if row["node_list"] in ("(null)", "N/A") else row["node_list"],
+                cpus=_int(row["cpus"], 1),
+                gpus_per_node=gpus_from_tres(row["tres_per_node"]),
+                time_limit=row["time_limit"],
+                submit_time=parse_time(row["submit_time"]),
+                start_time=parse_time(row["start_time"]),
+                end_time=parse_time(row["end_time"]),
+                exit_code=exit_code_from_status(row["exit_code"]),
+                restart_count=_int(row["restart_count"]),
+            )
+        )
+    return jobs
+
+
+def _json_time(value) -> datetime | None:
+    if isinstance(value, dict):  # newer Slurm: {"set": true, "number": ...}
+        value = value.get("number") if value.get("set", True) else 0
+    if not value:
+        return None
+    return datetime.fromtimestamp(int(value), tz=UTC)
+
+
+def parse_squeue_json(data: dict) -> list[QueueJob]:
+    """`squeue --json` (Slurm 22.05's openapi v0.0.38 shape, and later shapes where
+    they differ in the fields used here)."""
+    jobs = []
+    for job in data.get("jobs", []):
+        number = job.get("array_job_id") or job.get("job_id")
+        if isinstance(number, dict):
+            number = number.get("number")
+        task = job.get("array_task_id")
+        if isinstance(task, dict):
+            task = task.get("number") if task.get("set") else None
+        if not number:
+            number, task = job.get("job_id"), None
+        state = job.get("job_state", "UNKNOWN")
+        if isinstance(state, list):
+            state = state[0] if state else "UNKNOWN"
+        exit_code = job.get("exit_code")
+        if isinstance(exit_code, dict):
+            rc = exit_code.get("return_code", 0)
+            exit_text = f"{rc.get('number', 0) if isinstance(rc, dict) else rc}:0"
+        else:
+            exit_text = exit_code_from_status(str(exit_code)) if exit_code is not None else ""
+        job_id = f"{number}_{task}" if task is not None else str(number)
+        jobs.append(
+            QueueJob(
+                job_id=job_id,
+                job_number=int(number),
+                array_task_id=int(task) if task is not None else None,
+                name=job.get("name", ""),
+                user=job.get("user_name", ""),
+                partition=job.get("partition", ""),
+                state=state,
+                reason="" if job.get("state_reason") in (None, "None") else job["state_reason"],
+                nodes=_int(job.get("node_count", 1), 1)
+                if not isinstance(job.get("node_count"), dict)
+                else _int(job["node_count"].get("number", 1), 1),
+                node_list=job.get("nodes", "") or "",
+                cpus=_int(job.get("cpus", 1), 1)
+                if not isinstance(job.get("cpus"), dict)
+                else _int(job["cpus"].get("number", 1), 1),
+                gpus_per_node=gpus_from_tres(job.get("tres_per_node", "") or ""),
+                time_limit=str(job.get("time_limit", "")),
+                submit_time=_json_time(job.get("submit_time")),
+                start_time=_json_time(job.get("start_time")),
+                end_time=_json_time(job.get("end_time")),
+                exit_code=exit_text,
+                restart_count=_int(job.get("restart_cnt", 0)),
+            )
+        )
+    return jobs

@@ -1,0 +1,195 @@
+"""The poller's half: one squeue per cluster, stored in bulk."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from clusters.models import Cluster
+from clusters.providers.base import get_provider
+from jobs.slurm import SlurmError
+from jobs.slurm.queue import QueueJob
+
+from .choices import ACTIVE_STATES, JobState
+from .models import Job, JobEvent
+
+log = logging.getLogger(__name__)
+
+# Fields the poller owns, copied from squeue onto the row.
+SYNCED = (
+    "name",
+    "user",
+    "partition",
+    "state",
+    "reason",
+    "nodes",
+    "node_list",
+    "cpus",
+    "gpus_per_node",
+    "time_limit",
+    "submit_time",
+    "start_time",
+    "end_time",
+    "exit_code",
+)
+# Fields an array task takes from the array's own row (what mtc knows, Slurm does not).
+INHERITED = ("owner_id", "submitted_by_mtc", "recipe", "options", "parameters")
+# Most telling first: the state an array shows while its tasks differ.
+ARRAY_STATE_ORDER = [
+    JobState.RUNNING,
+    JobState.COMPLETING,
+    JobState.CONFIGURING,
+    JobState.PENDING,
+    JobState.REQUEUED,
+    JobState.SUSPENDED,
+]
+
+
+def _changes(job: Job, q: QueueJob) -> list[str]:
+    changed = [f for f in SYNCED if getattr(job, f) != getattr(q, f)]
+    if q.restart_count > job.requeue_count:
+        changed.append("requeue_count")
+    return changed
+
+
+def _copy(job: Job, q: QueueJob, now: datetime) -> None:
+    for f in SYNCED:
+        setattr(job, f, getattr(q, f))
+    job.requeue_count = max(job.requeue_count, q.restart_count)
+    job.update_time = now
+
+
+def apply_queue_job(job: Job, q: QueueJob, *, now: datetime, cause: str = "") -> list[str]:
+    """Copy one squeue line onto a row (and its history); return the changed fields."""
+    old_state, old_reason = job.state, job.reason
+    changed = _changes(job, q)
+    if changed:
+        _copy(job, q, now)
+        job.save(update_fields=[*changed, "update_time"])
+        if job.state != old_state or job.reason != old_reason:
+            JobEvent.objects.create(
+                job=job, time=now, state=job.state, reason=job.reason, cause=cause
+            )
+    return changed
+
+
+def _array_state(states: list[str]) -> str:
+    for state in ARRAY_STATE_ORDER:
+        if state in states:
+            return state
+    failed = [s for s in states if s != JobState.COMPLETED]
+    return failed[0] if failed else JobState.COMPLETED
+
+
+def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[str, int]:
+    """Read the queue once and upsert every job. A job mtc thought active that left the
+    queue becomes UNKNOWN (there is no accounting database to ask how it ended)."""
+    if queue is None:
+        try:
+            queue = get_provider(cluster.provider).slurm(cluster).queue()
+        except SlurmError as exc:
+            log.info("squeue for %s failed: %s", cluster.cluster_id, exc)
+            return {"created": 0, "updated": 0, "gone": 0}
+    now = timezone.now()
+    existing = {
+        job.job_id: job
+        for job in Job.objects.filter(cluster=cluster).only(
+            "id", "job_id", "job_number", "array_task_id", "requeue_count", *SYNCED
+        )
+    }
+    task_states: dict[int, list[str]] = {}
+    for q in queue:
+        if q.array_task_id is not None:
+            task_states.setdefault(q.job_number, []).append(q.state)
+    parents = {number: existing[str(number)] for number in task_states if str(number) in existing}
+    inherited = {
+        row["id"]: row
+        for row in Job.objects.filter(pk__in=[p.pk for p in parents.values()]).values(
+            "id", *INHERITED
+        )
+    }
+
+    new_rows: list[Job] = []
+    updated: dict[int, Job] = {}
+    fields: set[str] = {"update_time"}
+    events: list[JobEvent] = []
+    for q in queue:
+        job = existing.get(q.job_id)
+        if job is None:
+            row = Job(
+                cluster=cluster,
+                job_id=q.job_id,
+                job_number=q.job_number,
+                array_task_id=q.array_task_id,
+            )
+            _copy(row, q, now)
+            parent = parents.get(q.job_number) if q.array_task_id is not None else None
+            for key, value in (inherited.get(parent.pk, {}) if parent else {}).items():
+                if key != "id":
+                    setattr(row, key, value)
+            new_rows.append(row)
+            continue
+        changed = _changes(job, q)
+        if changed:
+            if job.state != q.state or job.reason != q.reason:
+                events.append(
+                    JobEvent(
+                        job=job,
+                        time=now,
+                        state=q.state,
+                        reason=q.reason,
+                        cause="seen by the poller",
+                    )
+                )
+            _copy(job, q, now)
+            fields.update(changed)
+            updated[job.pk] = job
+
+    seen = {q.job_id for q in queue}
+    gone = 0
+    for job_id, job in existing.items():
+        if job_id in seen:
+            continue
+        if job.job_number in parents and job.array_task_id is None:
+            state = _array_state(task_states[job.job_number])  # the array's own row
+            reason = ""
+        elif job.state in ACTIVE_STATES:
+            state, reason = JobState.UNKNOWN, "Left the queue unseen"
+            gone += 1
+        else:
+            continue
+        if job.state != state or job.reason != reason:
+            events.append(
+                JobEvent(
+                    job=job,
+                    time=now,
+                    state=state,
+                    reason=reason,
+                    cause="no longer in Slurm's queue" if reason else "array tasks",
+                )
+            )
+            job.state, job.reason, job.update_time = state, reason, now
+            fields.update({"state", "reason"})
+            updated[job.pk] = job
+
+    with transaction.atomic():
+        if new_rows:
+            Job.objects.bulk_create(new_rows, batch_size=1000)
+            events += [
+                JobEvent(
+                    job=row,
+                    time=now,
+                    state=row.state,
+                    reason=row.reason,
+                    cause="seen by the poller",
+                )
+                for row in new_rows
+            ]
+        if updated:
+            Job.objects.bulk_update(list(updated.values()), sorted(fields), batch_size=500)
+        if events:
+            JobEvent.objects.bulk_create(events, batch_size=1000)
+    return {"created": len(new_rows), "updated": len(updated) - gone, "gone": gone}
