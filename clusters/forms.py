@@ -440,8 +440,8 @@ class StorageForm(forms.Form):
             need("home_share", "Give both the server IP and the share for /home.")
             data["home_type"] = data.get("home_type") or "filestore"
         lustre_set = any(
-            given(n) for n in ("lustre_ip", "lustre_filesystem", "lustre_tier",
-                               "lustre_capacity_gib")
+            given(n)
+            for n in ("lustre_ip", "lustre_filesystem", "lustre_tier", "lustre_capacity_gib")
         )
         if lustre_set:
             for name in ("lustre_ip", "lustre_filesystem", "lustre_mount_point"):

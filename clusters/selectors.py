@@ -68,3 +68,13 @@ def cluster_state_counts() -> dict[str, int]:
 def operations_recent(limit: int = 8) -> list[Operation]:
     """The latest Operations of every cluster, newest first (one query)."""
     return list(Operation.objects.select_related("cluster").order_by("-create_time")[:limit])
+
+
+def operations_active_exist() -> bool:
+    """Whether any Operation is pending or running (pages then refresh faster)."""
+    return Operation.objects.filter(state__in=OPERATION_ACTIVE_STATES).exists()
+
+
+def gpu_total() -> int:
+    """GPUs on every node of every cluster (one query)."""
+    return Node.objects.aggregate(n=Sum("gpus"))["n"] or 0

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import redirect, render
@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from . import forms, selectors, services
-from .choices import OPERATION_ACTIVE_STATES, ClusterState
+from .choices import OPERATION_ACTIVE_STATES, ClusterState, OperationState
 from .models import Cluster
 from .providers.base import ProviderError, get_provider
 from .reference_architectures import architecture_get, architecture_list
@@ -79,13 +79,15 @@ def dashboard(request):
         "clusters": clusters,
         "total_clusters": total_clusters,
         "more_clusters": max(0, total_clusters - len(clusters)),
-        "cluster_states": sorted(cluster_states.items()),
+        "cluster_states": [
+            (s, cluster_states[s]) for s in ClusterState.values if s in cluster_states
+        ],
         "node_total": sum(state_counts.values()),
         "node_groups": _group_counts(state_counts.items()),
         "node_states": sorted(state_counts.items()),
-        "gpu_total": sum((c.gpu_count or 0) for c in clusters),
+        "gpu_total": selectors.gpu_total(),
         "operations": selectors.operations_recent(8),
-        "live": any(c.state in BUSY_CLUSTER_STATES for c in clusters),
+        "live": selectors.operations_active_exist(),
     }
     return render(request, "clusters/dashboard.html", context)
 
@@ -123,7 +125,7 @@ def _live_context(cluster: Cluster) -> dict:
     ready_per_pool = Counter(
         n.pool_id for n in nodes if node_group(n.slurm_state) in ("idle", "busy")
     )
-    pools = list(cluster.pools.all())
+    pools = sorted(cluster.pools.all(), key=lambda p: (not p.is_login, p.pool_id))
     for pool in pools:
         pool.node_count = per_pool[pool.pk]
         pool.ready_count = ready_per_pool[pool.pk]
@@ -149,7 +151,9 @@ def _live_context(cluster: Cluster) -> dict:
         "partitions": partitions,
         "operations": operations,
         "active_operation": active,
-        "live": active is not None or cluster.state in BUSY_CLUSTER_STATES,
+        "live": active is not None,
+        # A delete that failed (e.g. its provider is missing) may be tried again.
+        "can_delete": cluster.state != ClusterState.DELETING or active is None,
         "emulated": any(n.gpus_emulated for n in nodes),
     }
 
@@ -188,7 +192,7 @@ def cluster_delete(request, cluster_id: str):
     if request.method == "POST" and form.is_valid():
         operation = services.cluster_delete(cluster=cluster, owner=request.user)
         operation.refresh_from_db()
-        if operation.state == "FAILED":
+        if operation.state == OperationState.FAILED:
             messages.error(
                 request,
                 f"Deleting cluster {cluster.cluster_id} failed: {operation.error_message}",
@@ -204,26 +208,24 @@ def cluster_delete(request, cluster_id: str):
 
 
 # --- create: shared -----------------------------------------------------------
-def _path_label(path: str, spec: dict | None) -> str:
-    """node_pools[1].scaling_spec.min_node_count -> node pool 'gpu': scaling_spec...."""
-    match = re.match(r"^node_pools\[(\d+)\](?:\.(.*))?$", path)
+def _path_context(path: str, spec: dict | None) -> str:
+    """node_pools[1].scaling_spec.min_node_count -> "node pool 'gpu'" (what the index means)."""
+    match = re.match(r"^node_pools\[(\d+)\]", path)
     if match and isinstance(spec, dict):
         pools = spec.get("node_pools")
         index = int(match.group(1))
         if isinstance(pools, list) and index < len(pools) and isinstance(pools[index], dict):
-            name = pools[index].get("id") or f"#{index + 1}"
-            rest = match.group(2)
-            return f"node pool '{name}'" + (f": {rest}" if rest else "")
-    if path == "non_field_errors":
-        return "spec"
-    return path
+            pool_id = pools[index].get("id")
+            return f"node pool '{pool_id}'" if isinstance(pool_id, str) and pool_id else ""
+    return ""
 
 
 def _spec_errors(fields: dict[str, str], spec: dict | None = None) -> list[dict]:
     return [
         {
             "path": path,
-            "label": _path_label(path, spec),
+            "label": "spec" if path == "non_field_errors" else path,
+            "context": _path_context(path, spec),
             "message": message,
             "step": wizard_step_for_path(path),
         }
@@ -234,12 +236,14 @@ def _spec_errors(fields: dict[str, str], spec: dict | None = None) -> list[dict]
 def _created(request, operation):
     cluster = operation.cluster
     operation.refresh_from_db()
-    if operation.state == "FAILED":
+    if operation.state == OperationState.FAILED:
         messages.warning(
             request,
             f"Cluster {cluster.cluster_id} was recorded, but creating it failed: "
             f"{operation.error_message}",
         )
+    elif operation.state == OperationState.SUCCEEDED:
+        messages.success(request, f"Cluster {cluster.cluster_id} was created.")
     else:
         messages.success(request, f"Creating cluster {cluster.cluster_id}.")
     return redirect("clusters:cluster_detail", cluster_id=cluster.cluster_id)
@@ -503,7 +507,15 @@ def wizard_step(request, step: str):
 
 
 def _wizard_review(request, data: dict):
-    spec = forms.build_spec(data)
+    try:
+        spec = forms.build_spec(data)
+    except (KeyError, TypeError, ValueError, ValidationError):
+        # Answers stored by an older version of the wizard, or damaged: start again.
+        request.session.pop(WIZARD_KEY, None)
+        messages.warning(
+            request, "The wizard's saved answers could not be read; please start again."
+        )
+        return redirect("clusters:wizard_step", step="basics")
     spec_errors: list[dict] = []
     if request.method == "POST":
         operation, spec_errors = _try_create(request, spec)
