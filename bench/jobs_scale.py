@@ -1,0 +1,155 @@
+"""Jobs at scale on a real local cluster: 10,000 held array tasks.
+
+Prints: squeue formatted output vs --json (read + parse), the poller's full sync
+(first: creating every row; then steady state), server time and query count of
+the job list API and the queue page at 10,000 jobs, and API submit vs raw sbatch.
+
+    .venv/bin/python bench/jobs_scale.py [--jobs 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+TMP = tempfile.mkdtemp(prefix="mtc-bench-jobs-")
+os.environ["MTC_DATA_DIR"] = TMP
+os.environ["MTC_CELERY_EAGER"] = "1"
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "mtc.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django.urls import NoReverseMatch, reverse  # noqa: E402
+
+from clusters import services as cluster_services  # noqa: E402
+from clusters.demo import DEMO_SPEC  # noqa: E402
+from clusters.models import Cluster  # noqa: E402
+from clusters.providers.base import get_provider  # noqa: E402
+from jobs.models import Job  # noqa: E402
+from jobs.sync import jobs_sync  # noqa: E402
+
+
+def timed(fn, repeat: int = 5) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def server_time(client: Client, url: str, repeat: int = 7) -> tuple[float, int, int]:
+    client.get(url)  # warm caches
+    with CaptureQueriesContext(connection) as ctx:
+        status = client.get(url).status_code
+    queries = len(ctx.captured_queries)
+    median, _ = timed(lambda: client.get(url), repeat)
+    return median, queries, status
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=10_000)
+    args = parser.parse_args()
+    call_command("migrate", verbosity=0)
+    settings.ALLOWED_HOSTS.append("testserver")
+    from django.contrib.auth import get_user_model
+
+    admin = get_user_model().objects.create_superuser("admin", "a@localhost", "bench-pass")
+    spec = dict(DEMO_SPEC, cluster_id="jobs", node_pools=DEMO_SPEC["node_pools"])
+    spec["orchestrator_spec"] = {"slurm_spec": dict(
+        DEMO_SPEC["orchestrator_spec"]["slurm_spec"],
+        config_overrides={"MaxJobCount": "100000", "MaxArraySize": "100001"})}
+    cluster_services.cluster_create(spec=spec, owner=admin)
+    cluster = Cluster.objects.get(cluster_id="jobs")
+    provider = get_provider("local")
+    client_slurm = provider.slurm(cluster)
+    env = dict(os.environ, SLURM_CONF=client_slurm.conf_path)
+    try:
+        per_array = 1000
+        start = time.perf_counter()
+        for first in range(0, args.jobs, per_array):
+            count = min(per_array, args.jobs - first)
+            subprocess.run(["sbatch", "--hold", f"--array=0-{count - 1}", "-o", "/dev/null",
+                            "--job-name", f"sweep-{first}", "--wrap", "true"],
+                           env=env, check=True, capture_output=True)
+        print(f"queued {args.jobs} held array tasks in {time.perf_counter() - start:.1f} s")
+
+        fmt, queue = timed(client_slurm.queue)
+        js, queue_json = timed(client_slurm.queue_json, repeat=3)
+        assert len(queue) == len(queue_json) == args.jobs, (len(queue), len(queue_json))
+        print(f"squeue -O formatted + parse: {fmt * 1000:7.1f} ms   (the poller's path)")
+        print(f"squeue --json + parse:       {js * 1000:7.1f} ms   ({js / fmt:.1f}x slower)")
+
+        import cProfile
+        import pstats
+
+        start = time.perf_counter()
+        prof = cProfile.Profile()
+        prof.enable()
+        stats = jobs_sync(cluster=cluster, queue=client_slurm.queue())
+        prof.disable()
+        first_sync = time.perf_counter() - start
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+        steady, _ = timed(lambda: jobs_sync(cluster=cluster))
+        with CaptureQueriesContext(connection) as ctx:
+            jobs_sync(cluster=cluster)
+        print(f"full sync, first (creates {stats['created']} rows): {first_sync * 1000:7.1f} ms")
+        print(f"full sync, steady state (squeue + compare):  {steady * 1000:7.1f} ms, "
+              f"{len(ctx.captured_queries)} queries")
+        Job.objects.update(owner=admin, submitted_by_mtc=True)
+
+        web = Client()
+        web.force_login(admin)
+        print(f"\nat {Job.objects.count()} jobs (server time, median of 7; query count):")
+        urls = {"list API (page 1)": "/api/v1/clusters/jobs/jobs",
+                "list API (page 100, state filter)":
+                    "/api/v1/clusters/jobs/jobs?state=PENDING&page=100"}
+        try:
+            urls["queue page"] = reverse("jobs:queue", args=["jobs"])
+            urls["queue page (page 100)"] = reverse("jobs:queue", args=["jobs"]) + "?page=100"
+        except NoReverseMatch:
+            print("  (no queue page in this build)")
+        for label, url in urls.items():
+            median, queries, status = server_time(web, url)
+            print(f"  {label:<36} {median * 1000:7.1f} ms  {queries:2d} queries  (HTTP {status})")
+
+        subprocess.run(["scancel", "--state=PENDING", "--user=root"], env=env, check=True)
+        jobs_sync(cluster=cluster)
+        body = {"name": "bench", "script": "#!/bin/bash\ntrue\n", "dependency": "singleton"}
+        api_times, raw_times = [], []
+        for _ in range(15):
+            start = time.perf_counter()
+            response = web.post("/api/v1/clusters/jobs/jobs", body, content_type="application/json")
+            api_times.append(time.perf_counter() - start)
+            assert response.status_code == 201, response.content
+            start = time.perf_counter()
+            subprocess.run(["sbatch", "--parsable", "--job-name=bench", "--dependency=singleton",
+                            "-o", "/dev/null"], input="#!/bin/bash\ntrue\n", text=True, env=env,
+                           check=True, capture_output=True)
+            raw_times.append(time.perf_counter() - start)
+        api, raw = statistics.median(api_times), statistics.median(raw_times)
+        print(f"\nsubmit: API {api * 1000:.1f} ms vs raw sbatch {raw * 1000:.1f} ms "
+              f"(median of 15): ratio {api / raw:.2f}")
+    finally:
+        provider.delete_cluster(cluster)
+        shutil.rmtree(TMP, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
