@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -62,9 +63,20 @@ def server_time(client: Client, url: str, repeat: int = 7) -> tuple[float, int, 
     return median, queries, status
 
 
+def compare_queue_reads(client_slurm, label: str) -> None:
+    """Both ways of reading the queue, on the same queue, to the same job list."""
+    fmt, queue = timed(client_slurm.queue)
+    js, queue_json = timed(client_slurm.queue_json, repeat=3)
+    assert {j.job_id for j in queue} == {j.job_id for j in queue_json}
+    print(f"{label}: squeue -O (formatted) + parse {fmt * 1000:7.1f} ms | "
+          f"squeue --json + parse {js * 1000:7.1f} ms ({js / fmt:.1f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--distinct", type=int, default=3000,
+                        help="separate (non-array) jobs for the squeue comparison")
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     settings.ALLOWED_HOSTS.append("testserver")
@@ -90,22 +102,11 @@ def main() -> None:
                            env=env, check=True, capture_output=True)
         print(f"queued {args.jobs} held array tasks in {time.perf_counter() - start:.1f} s")
 
-        fmt, queue = timed(client_slurm.queue)
-        js, queue_json = timed(client_slurm.queue_json, repeat=3)
-        assert len(queue) == len(queue_json) == args.jobs, (len(queue), len(queue_json))
-        print(f"squeue -O formatted + parse: {fmt * 1000:7.1f} ms   (the poller's path)")
-        print(f"squeue --json + parse:       {js * 1000:7.1f} ms   ({js / fmt:.1f}x slower)")
-
-        import cProfile
-        import pstats
+        compare_queue_reads(client_slurm, f"{args.jobs} tasks of 10 pending arrays")
 
         start = time.perf_counter()
-        prof = cProfile.Profile()
-        prof.enable()
-        stats = jobs_sync(cluster=cluster, queue=client_slurm.queue())
-        prof.disable()
+        stats = jobs_sync(cluster=cluster)
         first_sync = time.perf_counter() - start
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
         steady, _ = timed(lambda: jobs_sync(cluster=cluster))
         with CaptureQueriesContext(connection) as ctx:
             jobs_sync(cluster=cluster)
@@ -130,6 +131,16 @@ def main() -> None:
             print(f"  {label:<36} {median * 1000:7.1f} ms  {queries:2d} queries  (HTTP {status})")
 
         subprocess.run(["scancel", "--state=PENDING", "--user=root"], env=env, check=True)
+        if args.distinct:
+            start = time.perf_counter()
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda i: subprocess.run(
+                    ["sbatch", "--hold", "-o", "/dev/null", f"--job-name=one-{i}", "--wrap",
+                     "true"], env=env, check=True, capture_output=True), range(args.distinct)))
+            print(f"\nqueued {args.distinct} separate held jobs in "
+                  f"{time.perf_counter() - start:.1f} s")
+            compare_queue_reads(client_slurm, f"{args.distinct} separate jobs")
+            subprocess.run(["scancel", "--state=PENDING", "--user=root"], env=env, check=True)
         jobs_sync(cluster=cluster)
         body = {"name": "bench", "script": "#!/bin/bash\ntrue\n", "dependency": "singleton"}
         api_times, raw_times = [], []

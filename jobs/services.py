@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from clusters.choices import CLUSTER_LIVE_STATES
@@ -83,30 +83,32 @@ def job_submit(
     job_id = get_provider(cluster.provider).slurm(cluster).submit(args, submission.script, env)
     now = timezone.now()
     number = int(job_id.split("_")[0])
+    fields = dict(
+        job_number=number,
+        array_task_id=None,
+        name=submission.name,
+        user="",
+        partition=submission.partition,
+        state=JobState.PENDING,
+        nodes=submission.nodes,
+        gpus_per_node=submission.gpus_per_node,
+        time_limit=submission.time_limit,
+        submit_time=now,
+        owner=owner,
+        submitted_by_mtc=True,
+        script=submission.script,
+        options=submission.as_options(),
+        recipe=recipe,
+        parameters=parameters or {},
+        checkpoint_dir=checkpoint_dir,
+    )
     with transaction.atomic():
-        job, _ = Job.objects.update_or_create(
-            cluster=cluster,
-            job_id=str(number),
-            defaults=dict(
-                job_number=number,
-                array_task_id=None,
-                name=submission.name,
-                user="",
-                partition=submission.partition,
-                state=JobState.PENDING,
-                nodes=submission.nodes,
-                gpus_per_node=submission.gpus_per_node,
-                time_limit=submission.time_limit,
-                submit_time=now,
-                owner=owner,
-                submitted_by_mtc=True,
-                script=submission.script,
-                options=submission.as_options(),
-                recipe=recipe,
-                parameters=parameters or {},
-                checkpoint_dir=checkpoint_dir,
-            ),
-        )
+        try:
+            with transaction.atomic():
+                job = Job.objects.create(cluster=cluster, job_id=str(number), **fields)
+        except IntegrityError:  # Slurm reused an id after its state was wiped
+            Job.objects.filter(cluster=cluster, job_id=str(number)).delete()
+            job = Job.objects.create(cluster=cluster, job_id=str(number), **fields)
         JobEvent.objects.create(
             job=job,
             time=now,

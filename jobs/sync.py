@@ -12,6 +12,7 @@ from clusters.models import Cluster
 from clusters.providers.base import get_provider
 from jobs.slurm import SlurmError
 from jobs.slurm.queue import QueueJob
+from mtc.db import bulk_insert, bulk_update
 
 from .choices import ACTIVE_STATES, JobState
 from .models import Job, JobEvent
@@ -112,38 +113,31 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
         )
     }
 
-    new_rows: list[Job] = []
+    new_rows: list[dict] = []
     updated: dict[int, Job] = {}
     fields: set[str] = {"update_time"}
-    events: list[JobEvent] = []
+    events: list[dict] = []
     for q in queue:
         job = existing.get(q.job_id)
         if job is None:
-            row = Job(
-                cluster=cluster,
+            row = {f: getattr(q, f) for f in SYNCED}
+            row.update(
+                cluster_id=cluster.pk,
                 job_id=q.job_id,
                 job_number=q.job_number,
                 array_task_id=q.array_task_id,
+                requeue_count=q.restart_count,
+                update_time=now,
             )
-            _copy(row, q, now)
             parent = parents.get(q.job_number) if q.array_task_id is not None else None
-            for key, value in (inherited.get(parent.pk, {}) if parent else {}).items():
-                if key != "id":
-                    setattr(row, key, value)
+            if parent is not None:
+                row.update({k: v for k, v in inherited[parent.pk].items() if k != "id"})
             new_rows.append(row)
             continue
         changed = _changes(job, q)
         if changed:
             if job.state != q.state or job.reason != q.reason:
-                events.append(
-                    JobEvent(
-                        job=job,
-                        time=now,
-                        state=q.state,
-                        reason=q.reason,
-                        cause="seen by the poller",
-                    )
-                )
+                events.append(_event(job.pk, now, q.state, q.reason, "seen by the poller"))
             _copy(job, q, now)
             fields.update(changed)
             updated[job.pk] = job
@@ -162,34 +156,34 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
         else:
             continue
         if job.state != state or job.reason != reason:
-            events.append(
-                JobEvent(
-                    job=job,
-                    time=now,
-                    state=state,
-                    reason=reason,
-                    cause="no longer in Slurm's queue" if reason else "array tasks",
-                )
-            )
+            cause = "no longer in Slurm's queue" if reason else "array tasks"
+            events.append(_event(job.pk, now, state, reason, cause))
             job.state, job.reason, job.update_time = state, reason, now
             fields.update({"state", "reason"})
             updated[job.pk] = job
 
     with transaction.atomic():
         if new_rows:
-            Job.objects.bulk_create(new_rows, batch_size=1000)
+            bulk_insert(Job, new_rows)
+            new_ids = Job.objects.filter(cluster=cluster, update_time=now).values_list(
+                "id", "job_id"
+            )
+            by_job_id = {row["job_id"]: row for row in new_rows}
             events += [
-                JobEvent(
-                    job=row,
-                    time=now,
-                    state=row.state,
-                    reason=row.reason,
-                    cause="seen by the poller",
+                _event(
+                    pk,
+                    now,
+                    by_job_id[job_id]["state"],
+                    by_job_id[job_id]["reason"],
+                    "seen by the poller",
                 )
-                for row in new_rows
+                for pk, job_id in new_ids
+                if job_id in by_job_id
             ]
-        if updated:
-            Job.objects.bulk_update(list(updated.values()), sorted(fields), batch_size=500)
-        if events:
-            JobEvent.objects.bulk_create(events, batch_size=1000)
+        bulk_update(list(updated.values()), sorted(fields))
+        bulk_insert(JobEvent, events)
     return {"created": len(new_rows), "updated": len(updated) - gone, "gone": gone}
+
+
+def _event(job_pk: int, now: datetime, state: str, reason: str, cause: str) -> dict:
+    return {"job_id": job_pk, "time": now, "state": state, "reason": reason, "cause": cause}

@@ -19,5 +19,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("vendor/plotly.min.js", probes.plotly_js, name="plotly-js"),
+    path("", include("jobs.urls")),
     path("", include("clusters.urls")),
 ]

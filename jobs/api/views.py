@@ -52,7 +52,8 @@ class JobListView(ClusterJobsMixin, GenericAPIView):
     filterset_class = JobFilterSet
 
     def get_queryset(self):
-        return selectors.jobs_visible_to(self.request.user, self.cluster())
+        qs = selectors.jobs_visible_to(self.request.user, self.cluster())
+        return qs.defer("script", "options")  # the list shows neither
 
     def get(self, request, cluster_id):
         qs = self.filter_queryset(self.get_queryset())

@@ -1,0 +1,191 @@
+"""Parsing Slurm's output (recorded from Slurm 22.05 on this project's local clusters)."""
+
+from datetime import UTC, datetime
+
+from jobs.slurm.client import parse_sinfo_state
+from jobs.slurm.queue import (
+    SEP,
+    exit_code_from_status,
+    expand_task_string,
+    gpus_from_tres,
+    parse_squeue,
+    parse_squeue_json,
+    parse_time,
+)
+
+
+def line(*fields: str) -> str:
+    return SEP.join(fields) + SEP
+
+
+SQUEUE = "\n".join(
+    [
+        line(
+            "1",
+            "1",
+            "N/A",
+            "wrap",
+            "root",
+            "gpu",
+            "FAILED",
+            "NonZeroExitCode",
+            "1",
+            "sq-gpu-0",
+            "1",
+            "N/A",
+            "UNLIMITED",
+            "2026-11-30T19:11:25",
+            "2026-11-30T19:11:28",
+            "2026-11-30T19:11:28",
+            "768",
+            "0",
+        ),
+        line(
+            "3_0",
+            "3",
+            "0",
+            "sweep",
+            "root",
+            "gpu",
+            "PENDING",
+            "JobHeldUser",
+            "1",
+            "",
+            "1",
+            "N/A",
+            "UNLIMITED",
+            "2026-11-30T19:11:25",
+            "N/A",
+            "N/A",
+            "0",
+            "0",
+        ),
+        line(
+            "4",
+            "4",
+            "N/A",
+            "train",
+            "root",
+            "gpu",
+            "RUNNING",
+            "None",
+            "2",
+            "sq-gpu-[0-1]",
+            "4",
+            "gres:gpu:8",
+            "1:00:00",
+            "2026-11-30T19:11:25",
+            "2026-11-30T19:11:26",
+            "N/A",
+            "0",
+            "2",
+        ),
+        line(
+            "5_[0-99]",
+            "5",
+            "N/A",
+            "summary",
+            "root",
+            "gpu",
+            "PENDING",
+            "None",
+            "1",
+            "",
+            "1",
+            "",
+            "",
+            "",
+            "",
+            "",
+            "0",
+            "0",
+        ),
+        "garbage line without separators",
+    ]
+)
+
+
+def test_parse_squeue_fields():
+    failed, task, running = parse_squeue(SQUEUE)
+    assert failed.job_id == "1" and failed.state == "FAILED" and failed.exit_code == "3:0"
+    assert failed.end_time == datetime(2026, 11, 30, 19, 11, 28, tzinfo=UTC)
+    assert task.job_id == "3_0" and task.job_number == 3 and task.array_task_id == 0
+    assert task.reason == "JobHeldUser" and task.start_time is None
+    assert running.nodes == 2 and running.node_list == "sq-gpu-[0-1]"
+    assert running.gpus_per_node == 8 and running.reason == "" and running.restart_count == 2
+
+
+def test_helpers():
+    assert exit_code_from_status("0") == "0:0"
+    assert exit_code_from_status("9") == "0:9"  # killed by SIGKILL
+    assert exit_code_from_status("N/A") == ""
+    assert gpus_from_tres("gres:gpu:h200:4") == 4
+    assert gpus_from_tres("N/A") == 0
+    assert parse_time("Unknown") is None and parse_time("N/A") is None
+    assert expand_task_string("0-3") == [0, 1, 2, 3]
+    assert expand_task_string("1,3,5-9:2%4") == [1, 3, 5, 7, 9]
+
+
+def test_parse_squeue_json_expands_pending_arrays():
+    data = {
+        "jobs": [
+            {
+                "array_job_id": 1,
+                "array_task_id": None,
+                "array_task_string": "0-3",
+                "job_id": 1,
+                "job_state": "PENDING",
+                "state_reason": "JobHeldUser",
+                "name": "wrap",
+                "user_name": "root",
+                "partition": "gpu",
+                "nodes": "",
+                "cpus": 1,
+                "node_count": 1,
+                "restart_cnt": 0,
+                "submit_time": 1796066183,
+                "start_time": 0,
+                "end_time": 0,
+                "exit_code": 0,
+                "time_limit": None,
+                "tres_per_node": "",
+            },
+            {
+                "array_job_id": 0,
+                "array_task_id": None,
+                "array_task_string": "",
+                "job_id": 3,
+                "job_state": "COMPLETED",
+                "state_reason": "None",
+                "name": "x",
+                "user_name": "root",
+                "partition": "gpu",
+                "nodes": "sq-gpu-1",
+                "cpus": 2,
+                "node_count": 1,
+                "restart_cnt": 1,
+                "submit_time": 1796066183,
+                "start_time": 1796066184,
+                "end_time": 1796066185,
+                "exit_code": 256,
+                "time_limit": 60,
+                "tres_per_node": "gres:gpu:8",
+            },
+        ]
+    }
+    jobs = parse_squeue_json(data)
+    assert [j.job_id for j in jobs] == ["1_0", "1_1", "1_2", "1_3", "3"]
+    done = jobs[-1]
+    assert done.exit_code == "1:0" and done.gpus_per_node == 8 and done.restart_count == 1
+    assert done.start_time == datetime.fromtimestamp(1796066184, tz=UTC)
+    assert jobs[0].reason == "JobHeldUser" and done.reason == ""
+
+
+def test_parse_sinfo_states():
+    assert parse_sinfo_state("n", "idle", "2", "gpu:h200:8", "none").display_state == "idle"
+    drained = parse_sinfo_state("n", "drained", "2", "(null)", "maintenance")
+    assert drained.state == "IDLE" and "DRAIN" in drained.flags
+    assert drained.display_state == "drained" and drained.reason == "maintenance"
+    down = parse_sinfo_state("n", "down*", "2", "", "Not responding")
+    assert down.state == "DOWN" and down.display_state == "down*"
+    assert parse_sinfo_state("n", "draining", "2", "", "x").display_state == "draining"
