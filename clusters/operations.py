@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import random
 import socket
 import time
 from datetime import timedelta
@@ -131,7 +132,13 @@ def allocate_ports(count: int) -> list[int]:
         fcntl.flock(fh, fcntl.LOCK_EX)
         fh.seek(0)
         text = fh.read().strip()
-        start = int(text) + 1 if text.isdigit() and low <= int(text) < high else low
+        # A new data dir starts at a random point, so two mtc installations (or test
+        # runs) on one host rarely reach for the same ports.
+        start = (
+            int(text) + 1
+            if text.isdigit() and low <= int(text) < high
+            else (random.randrange(low, high))
+        )
         ports: list[int] = []
         for offset in range(high - low + 1):
             port = low + (start - low + offset) % (high - low + 1)
@@ -272,7 +279,14 @@ def _delete_cluster(operation: Operation) -> None:
     if cluster is None:  # an earlier attempt finished the job
         return
     operation_progress(operation, 20, "Cancelling jobs and stopping daemons")
-    get_provider(cluster.provider).delete_cluster(cluster)
+    try:
+        provider = get_provider(cluster.provider)
+    except ProviderError as exc:
+        if exc.code != "PROVIDER_UNAVAILABLE":
+            raise
+        provider = None  # it could never have made anything: only the rows are left
+    if provider is not None:
+        provider.delete_cluster(cluster)
     operation_progress(operation, 90, "Removing records")
     cluster.delete()
 

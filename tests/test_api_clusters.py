@@ -123,3 +123,15 @@ def test_patch_errors_name_fields(local_clusters, operator_api):
         Cluster.objects.get(cluster_id="pt").spec["node_pools"][1]["scaling_spec"]["min_node_count"]
         == 1
     )
+
+
+def test_cluster_of_an_unavailable_provider_fails_and_deletes(local_clusters, operator_api):
+    spec = make_spec("cloud", provider="gce", zone="us-central1-a")
+    spec["node_pools"][0]["machine_spec"]["machine_type"] = "n2-standard-8"
+    spec["node_pools"][1]["machine_spec"]["machine_type"] = "a3-ultragpu-8g"
+    op = _operation(operator_api, _create(operator_api, spec)["id"])
+    assert op["state"] == "FAILED" and op["error"]["code"] == "PROVIDER_UNAVAILABLE"
+    assert operator_api.get("/api/v1/clusters/cloud").json()["state"] == "ERROR"
+    response = operator_api.delete("/api/v1/clusters/cloud")
+    assert _operation(operator_api, response.json()["id"])["state"] == "SUCCEEDED"
+    assert not Cluster.objects.filter(cluster_id="cloud").exists()

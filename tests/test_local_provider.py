@@ -117,9 +117,7 @@ def test_node_whose_port_is_taken_moves_to_another(local_clusters, monkeypatch, 
 
     from clusters import operations as ops
 
-    cursor = settings.DATA_DIR / "port-cursor"
-    low = settings.MTC_LOCAL_PORT_RANGE[0]
-    last = int(cursor.read_text()) if cursor.exists() else low - 1
+    last = ops.allocate_ports(1)[0]  # where allocation stands now
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", last + 2))  # the first node's port (controller gets last + 1)
     blocker.listen()
