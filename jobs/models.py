@@ -41,7 +41,10 @@ class Job(models.Model):
     recipe = models.CharField(max_length=64, blank=True)
     parameters = models.JSONField(default=dict, blank=True)
     checkpoint_dir = models.CharField(max_length=500, blank=True)
-    metrics = models.JSONField(default=dict, blank=True)
+    metrics = models.JSONField(default=dict, blank=True, help_text="Latest figures (summary)")
+    metrics_offset = models.PositiveBigIntegerField(
+        default=0, help_text="Bytes of the run's metrics.jsonl already stored"
+    )
     update_time = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -75,3 +78,16 @@ class JobEvent(models.Model):
     class Meta:
         ordering = ["time", "id"]
         indexes = [models.Index(fields=["job", "time"])]
+
+
+class JobMetric(models.Model):
+    """One training step's figures, read from the run's metrics.jsonl by the poller."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_points")
+    step = models.PositiveIntegerField()
+    time = models.DateTimeField(null=True, blank=True)
+    values = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["job", "step", "id"]
+        indexes = [models.Index(fields=["job", "step"])]

@@ -5,6 +5,7 @@ from celery import shared_task
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 
+from .recipes.metrics import recipe_jobs_ingest
 from .sync import jobs_sync
 
 
@@ -15,4 +16,5 @@ def jobs_poll_all() -> int:
     for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES):
         stats = jobs_sync(cluster=cluster)
         changed += stats["created"] + stats["updated"] + stats["gone"]
+        changed += recipe_jobs_ingest(cluster)
     return changed

@@ -1,0 +1,128 @@
+"""The recipe catalog and launch API (rendering and validation; runs are in
+test_recipes_e2e.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clusters.models import Cluster
+from clusters.spec import validate_cluster_spec
+from jobs.models import Job
+from jobs.recipes.catalog import RECIPES
+
+from .conftest import make_spec
+
+
+@pytest.fixture
+def cluster(db):
+    spec = validate_cluster_spec(make_spec("rc", nodes=2))
+    return Cluster.objects.create(cluster_id="rc", spec=spec, state="RUNNING")
+
+
+def test_catalog_lists_every_recipe_with_typed_parameters(user_api):
+    body = user_api.get("/api/v1/recipes").json()
+    ids = [r["id"] for r in body["results"]]
+    assert ids == ["llama-pretrain", "gemma-pretrain", "continued-pretrain", "sft", "rl"]
+    llama = body["results"][0]
+    steps = next(p for p in llama["parameters"] if p["name"] == "steps")
+    assert steps == {
+        "name": "steps",
+        "type": "int",
+        "default": 60,
+        "minimum": 1,
+        "maximum": 10_000_000,
+        "help": "Optimizer steps.",
+        "required": False,
+    }
+    init = next(p for p in body["results"][2]["parameters"] if p["name"] == "init_from")
+    assert init["required"] is True
+
+
+def test_dry_run_shows_the_script_and_submits_nothing(cluster, user_api):
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/llama-pretrain/launch",
+        {"nodes": 2, "overrides": {"steps": 30, "checkpoint_interval": 10}, "dry_run": True},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["parameters"]["steps"] == 30 and body["parameters"]["model"] == "tiny"
+    script = body["script"]
+    assert script.startswith("#!/bin/bash\n# mtc recipe llama-pretrain")
+    assert "torch.distributed.run" in script and "jobs.recipes.runtime.train" in script
+    assert "srun --ntasks-per-node=1" in script
+    assert body["run_config"]["precision"] == "fp32"  # emulated GPUs: CPU training
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"steps": 0}, "overrides.steps"),
+        ({"steps": "many"}, "overrides.steps"),
+        ({"model": "gpt-5"}, "overrides.model"),
+        ({"lr": 5}, "overrides.lr"),
+        ({"data_path": "../../etc/passwd"}, "overrides.data_path"),
+        ({"data_path": "/data/$(id)"}, "overrides.data_path"),
+        ({"colour": "blue"}, "overrides.colour"),
+    ],
+)
+def test_bad_overrides_name_the_parameter(cluster, user_api, overrides, field):
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/llama-pretrain/launch", {"overrides": overrides}, format="json"
+    )
+    assert response.status_code == 400
+    assert field in response.json()["error"]["fields"]
+    assert not Job.objects.exists()
+
+
+def test_continued_pretrain_needs_a_checkpoint(cluster, user_api):
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/continued-pretrain/launch", {}, format="json"
+    )
+    assert response.json()["error"]["fields"] == {
+        "overrides.init_from": "This parameter is required."
+    }
+
+
+def test_bad_job_options_and_unknown_recipe(cluster, user_api):
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/sft/launch", {"nodes": 99, "partition": "nope"}, format="json"
+    )
+    assert set(response.json()["error"]["fields"]) == {"nodes", "partition"}
+    missing = user_api.post("/api/v1/clusters/rc/recipes/nope/launch", {}, format="json")
+    assert missing.status_code == 404
+
+
+def test_every_recipe_validates_its_defaults():
+    for recipe in RECIPES.values():
+        if recipe.param("init_from") and recipe.param("init_from").required:
+            continue
+        clean = recipe.validate({})
+        assert clean["model"] == "tiny"
+
+
+def test_launch_writes_run_config_and_records_the_recipe(cluster, user_api, monkeypatch):
+    from jobs.slurm import client
+
+    seen = {}
+
+    def fake_submit(self, args, script, env):  # the Slurm boundary
+        seen.update(args=args, script=script)
+        return "41"
+
+    monkeypatch.setattr(client.SlurmClient, "submit", fake_submit)
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/rl/launch",
+        {"nodes": 1, "overrides": {"steps": 12, "group_size": 8}},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(job_id="41")
+    assert job.recipe == "rl" and job.parameters["group_size"] == 8
+    run_dir = Path(job.checkpoint_dir).parent
+    config = json.loads((run_dir / "run.json").read_text())
+    assert config["recipe"] == "rl" and config["rl"]["group_size"] == 8
+    assert config["run_dir"] == str(run_dir) and "group_size" not in config
+    assert "--requeue" in seen["args"] and str(run_dir / "run.json") in seen["script"]

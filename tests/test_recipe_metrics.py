@@ -1,0 +1,68 @@
+"""A run's metrics.jsonl into the database, incrementally (as the poller does)."""
+
+import json
+
+import pytest
+
+from clusters.models import Cluster
+from jobs.models import Job, JobMetric
+from jobs.recipes.metrics import job_metrics_ingest
+
+from .conftest import make_spec
+
+pytestmark = pytest.mark.django_db
+
+
+def write(path, *entries, partial: str = ""):
+    with open(path, "a") as fh:
+        for entry in entries:
+            fh.write(json.dumps(entry) + "\n")
+        fh.write(partial)
+
+
+def test_ingest_is_incremental_and_redoes_steps_after_a_resume(tmp_path, user_api, user):
+    cluster = Cluster.objects.create(cluster_id="mx", spec=make_spec("mx"), state="RUNNING")
+    (tmp_path / "checkpoints").mkdir()
+    job = Job.objects.create(
+        cluster=cluster,
+        job_id="5",
+        job_number=5,
+        name="r",
+        owner=user,
+        recipe="llama-pretrain",
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        submitted_by_mtc=True,
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    write(
+        metrics,
+        {"event": "start", "step": 0},
+        *[
+            {"step": s, "loss": 5.0 - s / 10, "tokens_per_s": 100.0, "mfu": 0.01}
+            for s in range(1, 4)
+        ],
+        {"event": "checkpoint", "step": 2},
+        partial='{"step": 4, "lo',
+    )
+    assert job_metrics_ingest(job) == 3
+    assert job.metrics["first_loss"] == 4.9 and job.metrics["last_loss"] == pytest.approx(4.7)
+    assert job.metrics["last_checkpoint_step"] == 2
+    assert job_metrics_ingest(job) == 0  # the half-written line waits
+
+    with open(metrics, "a") as fh:
+        fh.write('ss": 4.6}\n')
+    write(
+        metrics,
+        {"event": "resumed", "step": 2, "from_step": 2},
+        {"step": 3, "loss": 4.65},
+        {"step": 4, "loss": 4.55},
+    )
+    assert job_metrics_ingest(job) == 2  # step 4 from before the resume is dropped
+    steps = list(JobMetric.objects.filter(job=job).values_list("step", "values__loss"))
+    assert steps == [(1, 4.9), (2, 4.8), (3, 4.65), (4, 4.55)]
+    assert job.metrics["resumed_from_step"] == 2
+    assert any("resumed from the step-2 checkpoint" in e.cause for e in job.events.all())
+
+    body = user_api.get("/api/v1/clusters/mx/jobs/5/metrics").json()
+    assert [p["step"] for p in body["series"]] == [1, 2, 3, 4]
+    assert body["summary"]["last_loss"] == 4.55
