@@ -16,7 +16,12 @@ OUTPUT_CHUNK = 64 * 1024
 
 def jobs_visible_to(user, cluster: Cluster) -> QuerySet[Job]:
     """Operators see every job; a user sees only the jobs they submitted."""
-    qs = Job.objects.filter(cluster=cluster).select_related("owner")
+    # The cluster is joined for its id; its spec (large JSON) is left behind.
+    qs = (
+        Job.objects.filter(cluster=cluster)
+        .select_related("owner", "cluster")
+        .defer("cluster__spec", "cluster__labels")
+    )
     return qs if user.is_staff else qs.filter(owner=user)
 
 
@@ -33,6 +38,21 @@ def job_output_path(job: Job, stream: str) -> Path | None:
     return path if path.resolve().parent == output_dir.resolve() else None
 
 
+def _whole_characters(data: bytes, *, at_end: bool) -> bytes:
+    """Drop a UTF-8 character cut at the chunk's end; the next read starts with it."""
+    if at_end:
+        return data
+    for cut in range(4):
+        head = data[: len(data) - cut]
+        try:
+            head.decode("utf-8")
+            return head
+        except UnicodeDecodeError as exc:
+            if exc.reason != "unexpected end of data":
+                return data  # invalid bytes, not a cut character: sent as they are
+    return data
+
+
 def job_output(job: Job, *, stream: str, offset: int, limit: int = OUTPUT_CHUNK) -> dict:
     path = job_output_path(job, stream)
     data, size = b"", 0
@@ -42,6 +62,7 @@ def job_output(job: Job, *, stream: str, offset: int, limit: int = OUTPUT_CHUNK)
             if offset < size:
                 fh.seek(offset)
                 data = fh.read(limit)
+    data = _whole_characters(data, at_end=offset + len(data) >= size)
     return {
         "stream": stream,
         "offset": offset,
@@ -51,3 +72,18 @@ def job_output(job: Job, *, stream: str, offset: int, limit: int = OUTPUT_CHUNK)
         "eof": offset + len(data) >= size,
         "available": path is not None,
     }
+
+
+# Big columns list pages never show (the queue page, the cluster page's recent jobs).
+LIST_DEFERRED = ("script", "options", "parameters", "metrics", "checkpoint_dir")
+
+
+def jobs_for_list(user, cluster: Cluster) -> QuerySet[Job]:
+    """jobs_visible_to without the big text and JSON columns, and without joining the
+    cluster (whose spec would be parsed again for every row): callers know it."""
+    return (
+        jobs_visible_to(user, cluster)
+        .select_related(None)
+        .select_related("owner")
+        .defer(*LIST_DEFERRED)
+    )

@@ -116,3 +116,186 @@
 
   document.addEventListener("DOMContentLoaded", schedule);
 })();
+
+// Job pages: live regions (the queue's table, the job's state), confirmations on
+// control buttons, and the job's output tail read from the REST API.
+(function () {
+  "use strict";
+
+  // --- live regions ----------------------------------------------------------
+  // An element with an id, data-refresh-url and data-refresh-ms is fetched again
+  // every data-refresh-ms (30 s while the tab is hidden) and replaced by the element
+  // with the same id in the answer. data-refresh-ms="0" (a finished job) stops it.
+  var HIDDEN_MS = 30000;
+  var timers = {};
+
+  function regionDelay(el) {
+    var ms = parseInt(el.getAttribute("data-refresh-ms") || "0", 10);
+    if (!ms) return 0;
+    return document.hidden ? Math.max(ms, HIDDEN_MS) : ms;
+  }
+
+  function scheduleRegion(id) {
+    clearTimeout(timers[id]);
+    var el = document.getElementById(id);
+    if (!el) return;
+    var delay = regionDelay(el);
+    if (delay) timers[id] = setTimeout(function () { refreshRegion(id); }, delay);
+  }
+
+  function refreshRegion(id) {
+    var el = document.getElementById(id);
+    if (!el) return;
+    var stop = false;
+    fetch(el.getAttribute("data-refresh-url"), {
+      credentials: "same-origin",
+      headers: { "X-Requested-With": "fetch" },
+    })
+      .then(function (response) {
+        if (response.redirected || response.status === 404 || response.status === 403) {
+          stop = true; // signed out, or the thing is gone: leave the page as it is
+          return null;
+        }
+        return response.ok ? response.text() : null;
+      })
+      .then(function (html) {
+        if (html) {
+          var doc = new DOMParser().parseFromString(html, "text/html");
+          var fresh = doc.getElementById(id);
+          var current = document.getElementById(id);
+          if (fresh && current) {
+            current.replaceWith(document.importNode(fresh, true));
+            document.dispatchEvent(new CustomEvent("mtc:refreshed", { detail: { id: id } }));
+          }
+        }
+        if (!stop) scheduleRegion(id);
+      })
+      .catch(function () { scheduleRegion(id); });
+  }
+
+  function regions() {
+    return Array.prototype.slice.call(document.querySelectorAll("[data-refresh-url][id]"));
+  }
+
+  document.addEventListener("visibilitychange", function () {
+    regions().forEach(function (el) {
+      if (!document.hidden && regionDelay(el)) { clearTimeout(timers[el.id]); refreshRegion(el.id); }
+      else scheduleRegion(el.id);
+    });
+  });
+
+  // --- confirmations -----------------------------------------------------------
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!form.matches || !form.matches("form[data-confirm]")) return;
+    if (!window.confirm(form.getAttribute("data-confirm"))) {
+      event.preventDefault();
+      return;
+    }
+    var button = form.querySelector("button[type=submit]");
+    if (button) setTimeout(function () { button.disabled = true; }, 0);
+  });
+
+  // --- output tail ---------------------------------------------------------------
+  // GET <data-output-url>?stream=stdout&offset=N answers {data, next_offset, eof, ...}.
+  // Read each stream to its end, then again every 1.5 s; stop once the job was
+  // already finished before a read that reached the end of both.
+  var MAX_CHARS = 2000000;
+
+  function jobFinished() {
+    var live = document.getElementById("job-live");
+    return !!live && live.getAttribute("data-job-terminal") === "1";
+  }
+
+  function humanBytes(n) {
+    if (n < 1024) return n + " B";
+    if (n < 1048576) return (n / 1024).toFixed(1) + " KiB";
+    return (n / 1048576).toFixed(1) + " MiB";
+  }
+
+  function append(pre, text) {
+    var atBottom = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24;
+    pre.appendChild(document.createTextNode(text));
+    if (pre.textContent.length > MAX_CHARS) {
+      pre.textContent = "[… earlier output not shown …]\n" + pre.textContent.slice(-MAX_CHARS / 2);
+    }
+    if (atBottom) pre.scrollTop = pre.scrollHeight;
+  }
+
+  function startOutput(card) {
+    var url = card.getAttribute("data-output-url");
+    var status = card.querySelector("[data-output-status]");
+    var streams = {};
+    var names = [];
+    card.querySelectorAll("pre[data-stream]").forEach(function (pre) {
+      var name = pre.getAttribute("data-stream");
+      streams[name] = { pre: pre, offset: 0, eof: false };
+      names.push(name);
+    });
+    if (!names.length) return;
+
+    function setStatus(kind, text) {
+      if (!status) return;
+      status.className = "output-status" + (kind ? " " + kind : "");
+      status.textContent = text;
+    }
+
+    function read(name) {
+      var s = streams[name];
+      var query = "?stream=" + encodeURIComponent(name) + "&offset=" + s.offset;
+      return fetch(url + query, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (response) {
+          if (!response.ok) throw new Error("HTTP " + response.status);
+          return response.json();
+        })
+        .then(function (body) {
+          if (body.data) append(s.pre, body.data);
+          s.offset = body.next_offset;
+          s.eof = body.eof;
+          var size = card.querySelector('[data-size-for="' + name + '"]');
+          if (size) size.textContent = body.size ? humanBytes(body.size) : "";
+        });
+    }
+
+    function round() {
+      var finished = jobFinished();
+      Promise.all(names.map(read))
+        .then(function () {
+          if (names.some(function (n) { return !streams[n].eof; })) {
+            setTimeout(round, 50); // more is there already: keep reading
+          } else if (finished) {
+            setStatus("done", "complete");
+            card.setAttribute("data-output-done", "1");
+          } else {
+            setStatus("live", "following");
+            setTimeout(round, document.hidden ? 10000 : 1500);
+          }
+        })
+        .catch(function () {
+          setStatus("", "cannot read the output; retrying…");
+          setTimeout(round, 5000);
+        });
+    }
+    round();
+  }
+
+  document.addEventListener("click", function (event) {
+    var tab = event.target.closest("[data-stream-tab]");
+    if (!tab) return;
+    var card = tab.closest("[data-output-url]");
+    var name = tab.getAttribute("data-stream-tab");
+    card.querySelectorAll("[data-stream-tab]").forEach(function (t) {
+      var on = t === tab;
+      t.classList.toggle("active", on);
+      t.setAttribute("aria-selected", on ? "true" : "false");
+    });
+    card.querySelectorAll("pre[data-stream]").forEach(function (pre) {
+      pre.hidden = pre.getAttribute("data-stream") !== name;
+    });
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    regions().forEach(function (el) { scheduleRegion(el.id); });
+    document.querySelectorAll("[data-output-url]").forEach(startOutput);
+  });
+})();

@@ -189,3 +189,13 @@ def test_parse_sinfo_states():
     down = parse_sinfo_state("n", "down*", "2", "", "Not responding")
     assert down.state == "DOWN" and down.display_state == "down*"
     assert parse_sinfo_state("n", "draining", "2", "", "x").display_state == "draining"
+
+
+def test_output_chunks_never_split_a_character():
+    from jobs.selectors import _whole_characters
+
+    text = "loss ↓ 3.2".encode()
+    cut = text[: text.index("↓".encode()) + 1]  # one byte of a three-byte character
+    assert _whole_characters(cut, at_end=False) == b"loss "
+    assert _whole_characters(text, at_end=False) == text
+    assert _whole_characters(cut, at_end=True) == cut

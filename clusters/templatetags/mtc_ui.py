@@ -74,3 +74,80 @@ def gpu_label(gpu_type: str) -> str:
 def humanize_kind(kind: str) -> str:
     """CREATE_CLUSTER -> Create cluster."""
     return (kind or "").replace("_", " ").capitalize()
+
+
+# --- jobs -----------------------------------------------------------------------
+# Slurm job states (squeue %T) -> badge tone: running blue, waiting amber, done
+# green, failed red, stopped by someone grey.
+JOB_TONES = {
+    "PENDING": "warn",
+    "REQUEUED": "warn",
+    "REQUEUE_HOLD": "warn",
+    "REQUEUE_FED": "warn",
+    "SUSPENDED": "warn",
+    "STOPPED": "warn",
+    "CONFIGURING": "info",
+    "RUNNING": "info",
+    "COMPLETING": "info",
+    "RESIZING": "info",
+    "SIGNALING": "info",
+    "STAGE_OUT": "info",
+    "COMPLETED": "ok",
+    "FAILED": "bad",
+    "TIMEOUT": "bad",
+    "NODE_FAIL": "bad",
+    "BOOT_FAIL": "bad",
+    "DEADLINE": "bad",
+    "OUT_OF_MEMORY": "bad",
+    "CANCELLED": "muted",
+    "PREEMPTED": "muted",
+    "REVOKED": "muted",
+    "SPECIAL_EXIT": "muted",
+    "UNKNOWN": "muted",
+}
+
+
+@register.filter
+def job_tone(state: str) -> str:
+    return JOB_TONES.get(state, "muted")
+
+
+def slurm_duration(seconds: float) -> str:
+    """Seconds as Slurm prints elapsed time: M:SS, H:MM:SS or D-HH:MM:SS."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
+# States in which a job has not started (squeue's start time is then an estimate).
+JOB_WAITING_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+@register.filter
+def job_started(job) -> bool:
+    return bool(job.start_time) and job.state not in JOB_WAITING_STATES
+
+
+@register.filter
+def job_elapsed(job) -> str:
+    """How long the job has run: start to end once it ended, start to now while it runs.
+    (squeue's end time of a running job is its limit, so it is not used then.)"""
+    from django.utils import timezone
+
+    from jobs.choices import ACTIVE_STATES
+
+    if not job_started(job):
+        return ""
+    if job.state in ACTIVE_STATES:
+        end = timezone.now()
+    elif job.end_time and job.end_time >= job.start_time:
+        end = job.end_time
+    else:
+        return ""
+    return slurm_duration((end - job.start_time).total_seconds())

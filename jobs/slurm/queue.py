@@ -132,53 +132,67 @@ def _json_time(value) -> datetime | None:
     return datetime.fromtimestamp(int(value), tz=UTC)
 
 
+def expand_task_string(text: str) -> list[int]:
+    """Slurm's pending-task form: '0-3', '1,3,5-9:2', '0-999%10' -> task ids."""
+    tasks: list[int] = []
+    for part in text.split("%")[0].split(","):
+        if not part:
+            continue
+        bounds, _, step = part.partition(":")
+        low, _, high = bounds.partition("-")
+        tasks.extend(range(int(low), int(high or low) + 1, int(step or 1)))
+    return tasks
+
+
+def _number(value) -> int | None:
+    if isinstance(value, dict):  # newer Slurm: {"set": true, "number": 5}
+        return value.get("number") if value.get("set", True) else None
+    return value
+
+
 def parse_squeue_json(data: dict) -> list[QueueJob]:
-    """`squeue --json` (Slurm 22.05's openapi v0.0.38 shape, and later shapes where
-    they differ in the fields used here)."""
+    """`squeue --json` (Slurm 22.05's openapi v0.0.38 shape; later shapes where they
+    differ in the fields used here). A pending array is one record there: expanded."""
     jobs = []
     for job in data.get("jobs", []):
-        number = job.get("array_job_id") or job.get("job_id")
-        if isinstance(number, dict):
-            number = number.get("number")
-        task = job.get("array_task_id")
-        if isinstance(task, dict):
-            task = task.get("number") if task.get("set") else None
-        if not number:
-            number, task = job.get("job_id"), None
+        array_number = _number(job.get("array_job_id")) or 0
+        task = _number(job.get("array_task_id"))
+        number = array_number or _number(job.get("job_id"))
+        if array_number and task is None:
+            tasks = expand_task_string(job.get("array_task_string") or "")
+        else:
+            tasks = [task if array_number else None]
         state = job.get("job_state", "UNKNOWN")
         if isinstance(state, list):
             state = state[0] if state else "UNKNOWN"
         exit_code = job.get("exit_code")
         if isinstance(exit_code, dict):
-            rc = exit_code.get("return_code", 0)
-            exit_text = f"{rc.get('number', 0) if isinstance(rc, dict) else rc}:0"
+            rc = _number(exit_code.get("return_code", 0)) or 0
+            exit_text = f"{rc}:0"
         else:
             exit_text = exit_code_from_status(str(exit_code)) if exit_code is not None else ""
-        job_id = f"{number}_{task}" if task is not None else str(number)
-        jobs.append(
-            QueueJob(
-                job_id=job_id,
-                job_number=int(number),
-                array_task_id=int(task) if task is not None else None,
-                name=job.get("name", ""),
-                user=job.get("user_name", ""),
-                partition=job.get("partition", ""),
-                state=state,
-                reason="" if job.get("state_reason") in (None, "None") else job["state_reason"],
-                nodes=_int(job.get("node_count", 1), 1)
-                if not isinstance(job.get("node_count"), dict)
-                else _int(job["node_count"].get("number", 1), 1),
-                node_list=job.get("nodes", "") or "",
-                cpus=_int(job.get("cpus", 1), 1)
-                if not isinstance(job.get("cpus"), dict)
-                else _int(job["cpus"].get("number", 1), 1),
-                gpus_per_node=gpus_from_tres(job.get("tres_per_node", "") or ""),
-                time_limit=str(job.get("time_limit", "")),
-                submit_time=_json_time(job.get("submit_time")),
-                start_time=_json_time(job.get("start_time")),
-                end_time=_json_time(job.get("end_time")),
-                exit_code=exit_text,
-                restart_count=_int(job.get("restart_cnt", 0)),
-            )
+        reason = job.get("state_reason")
+        limit = _number(job.get("time_limit"))
+        fields = dict(
+            name=job.get("name", ""),
+            user=job.get("user_name", ""),
+            partition=job.get("partition", ""),
+            state=state,
+            reason="" if reason in (None, "None") else reason,
+            nodes=_int(_number(job.get("node_count", 1)), 1),
+            node_list=job.get("nodes", "") or "",
+            cpus=_int(_number(job.get("cpus", 1)), 1),
+            gpus_per_node=gpus_from_tres(job.get("tres_per_node", "") or ""),
+            time_limit="UNLIMITED" if limit is None else str(limit),
+            submit_time=_json_time(job.get("submit_time")),
+            start_time=_json_time(job.get("start_time")),
+            end_time=_json_time(job.get("end_time")),
+            exit_code=exit_text,
+            restart_count=_int(job.get("restart_cnt", 0)),
         )
+        for task_id in tasks:
+            job_id = f"{number}_{task_id}" if task_id is not None else str(number)
+            jobs.append(
+                QueueJob(job_id=job_id, job_number=int(number), array_task_id=task_id, **fields)
+            )
     return jobs
