@@ -145,7 +145,9 @@ def main() -> None:
         print(f"\nat {Job.objects.count()} jobs (server time, median of 7; query count):")
         urls = {
             "list API (page 1)": "/api/v1/clusters/jobs/jobs",
-            "list API (page 100, state filter)": "/api/v1/clusters/jobs/jobs?state=PENDING&page=100",
+            "list API (page 100, state filter)": (
+                "/api/v1/clusters/jobs/jobs?state=PENDING&page=100"
+            ),
         }
         try:
             urls["queue page"] = reverse("jobs:queue", args=["jobs"])
