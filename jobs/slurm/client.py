@@ -196,6 +196,9 @@ class SlurmClient:
             "release": ["scontrol", "release", job_id],
         }
         self.run(commands[action])
+        if action == "requeue":
+            # Slurm holds a requeued job back (BeginTime, ~2 minutes); let it start now.
+            self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
 
     def cancel_all(self) -> None:
         out = self.run(["squeue", "--noheader", "--format=%A"], check=False).stdout
