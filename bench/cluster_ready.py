@@ -29,7 +29,9 @@ from mtc.devstack import Stack, free_port  # noqa: E402
 
 def api(base: str, token: str, method: str, path: str, body: dict | None = None) -> dict:
     request = urllib.request.Request(
-        base + path, method=method, data=json.dumps(body).encode() if body else None,
+        base + path,
+        method=method,
+        data=json.dumps(body).encode() if body else None,
         headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -38,8 +40,12 @@ def api(base: str, token: str, method: str, path: str, body: dict | None = None)
 
 def idle_nodes(conf: Path) -> int:
     proc = subprocess.run(
-        ["sinfo", "--noheader", "--Node", "--format=%N %T"], capture_output=True, text=True,
-        env=dict(os.environ, SLURM_CONF=str(conf)), timeout=10, check=False,
+        ["sinfo", "--noheader", "--Node", "--format=%N %T"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, SLURM_CONF=str(conf)),
+        timeout=10,
+        check=False,
     )
     return sum(1 for line in proc.stdout.splitlines() if line.split()[-1:] == ["idle"])
 
@@ -74,9 +80,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sizes", default="4,16")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="mtc-bench-") as tmp, Stack(
-        Path(tmp), env={"MTC_ADMIN_PASSWORD": "bench-password", "REDIS_URL": ""}
-    ) as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="mtc-bench-") as tmp,
+        Stack(Path(tmp), env={"MTC_ADMIN_PASSWORD": "bench-password", "REDIS_URL": ""}) as stack,
+    ):
         stack.start_redis()
         stack.manage("migrate", "--noinput", "-v0")
         stack.manage("mtc", "bootstrap")

@@ -1,10 +1,16 @@
 from django.urls import path
 
-from . import views
+from . import recipe_views, views
 
 app_name = "jobs"
 
 urlpatterns = [
+    path("recipes/", recipe_views.recipe_list, name="recipes"),
+    path(
+        "clusters/<slug:cluster_id>/recipes/<slug:recipe>/launch/",
+        recipe_views.recipe_launch_page,
+        name="recipe_launch",
+    ),
     path("clusters/<slug:cluster_id>/jobs/", views.job_queue, name="queue"),
     # fragment/ and submit/ come before <job_id>/ (which only takes 123 or 123_4).
     path(

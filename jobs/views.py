@@ -309,8 +309,11 @@ def expand_hostlist(text: str, limit: int = 256) -> list[str]:
 
 
 def _job_context(request, cluster: Cluster, job: Job) -> dict:
+    from .recipe_views import recipe_job_context  # here: recipe_views imports this module
+
     events = list(job.events.all())
     return {
+        **recipe_job_context(job),  # the Training card of a recipe job (no query)
         "cluster": cluster,
         "job": job,
         "events": events,
@@ -326,6 +329,8 @@ def _job_context(request, cluster: Cluster, job: Job) -> dict:
 
 @require_GET
 def job_detail(request, cluster_id: str, job_id: str):
+    from .recipe_views import recipe_job_series
+
     cluster = _cluster_or_404(cluster_id)
     job = _job_or_404(request, cluster, job_id, events=True)
     context = _job_context(request, cluster, job)
@@ -335,6 +340,7 @@ def job_detail(request, cluster_id: str, job_id: str):
     shown += [(k, v) for k, v in sorted(options.items()) if k not in FIELD_NAMES]
     context.update(
         {
+            **recipe_job_series(job),  # a recipe job's chart data (one query)
             "options": shown,
             "env": sorted(env.items()) if isinstance(env, dict) else [],
             "output_url": reverse(

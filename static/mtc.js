@@ -299,3 +299,42 @@
     document.querySelectorAll("[data-output-url]").forEach(startOutput);
   });
 })();
+
+// Recipe launch page: once a field changes, the preview no longer shows what Launch
+// would submit. Say so and hold Launch back until Preview was pressed again (the
+// server checks the same thing).
+(function () {
+  "use strict";
+
+  function markStale(event) {
+    var form = event.target.closest && event.target.closest("form[data-recipe-form]");
+    if (!form || !event.target.name || event.target.name === "previewed") return;
+    var preview = form.querySelector("#preview");
+    if (!preview || preview.classList.contains("stale")) return;
+    preview.classList.add("stale");
+    var note = preview.querySelector("[data-preview-stale]");
+    if (note) note.hidden = false;
+    var launch = form.querySelector("button[name=launch]");
+    if (launch) {
+      launch.disabled = true;
+      launch.title = "Preview the changed values first";
+    }
+  }
+
+  document.addEventListener("input", markStale);
+  document.addEventListener("change", markStale);
+
+  // After a post: to the first field with an error, else to the preview.
+  document.addEventListener("DOMContentLoaded", function () {
+    var form = document.querySelector("form[data-recipe-form][data-scroll-to]");
+    if (!form) return;
+    var error = form.getAttribute("data-scroll-to") === "error";
+    var target = error
+      ? form.querySelector(".has-error") || form.querySelector("[data-testid=form-errors]")
+      : form.querySelector("#preview");
+    if (!target) return;
+    target.scrollIntoView({ block: error ? "center" : "start" });
+    var input = target.querySelector("input, select, textarea");
+    if (input && target.classList.contains("has-error")) input.focus({ preventScroll: true });
+  });
+})();

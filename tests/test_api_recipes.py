@@ -126,3 +126,28 @@ def test_launch_writes_run_config_and_records_the_recipe(cluster, user_api, monk
     assert config["recipe"] == "rl" and config["rl"]["group_size"] == 8
     assert config["run_dir"] == str(run_dir) and "group_size" not in config
     assert "--requeue" in seen["args"] and str(run_dir / "run.json") in seen["script"]
+
+
+def test_null_overrides_only_where_the_default_is_none(cluster, user_api):
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/llama-pretrain/launch",
+        {"overrides": {"steps": None, "data_path": None}, "dry_run": True},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {"overrides.steps": "Must not be null."}
+
+
+def test_a_refused_submission_leaves_no_run_directory(cluster, user_api, monkeypatch, settings):
+    from jobs.slurm import SlurmError, client
+
+    def refuse(self, args, script, env):
+        raise SlurmError("Invalid partition name specified", permanent=True)
+
+    monkeypatch.setattr(client.SlurmClient, "submit", refuse)
+    runs = settings.DATA_DIR / "clusters" / "rc" / "runs"
+    before = set(runs.iterdir()) if runs.exists() else set()
+    response = user_api.post("/api/v1/clusters/rc/recipes/llama-pretrain/launch", {}, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "SLURM_REJECTED"
+    assert (set(runs.iterdir()) if runs.exists() else set()) == before

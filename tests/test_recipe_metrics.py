@@ -66,3 +66,19 @@ def test_ingest_is_incremental_and_redoes_steps_after_a_resume(tmp_path, user_ap
     body = user_api.get("/api/v1/clusters/mx/jobs/5/metrics").json()
     assert [p["step"] for p in body["series"]] == [1, 2, 3, 4]
     assert body["summary"]["last_loss"] == 4.55
+
+
+def test_a_diverged_loss_is_stored_as_null(tmp_path, user):
+    cluster = Cluster.objects.create(cluster_id="nx", spec=make_spec("nx"), state="RUNNING")
+    job = Job.objects.create(
+        cluster=cluster,
+        job_id="6",
+        job_number=6,
+        name="r",
+        owner=user,
+        recipe="llama-pretrain",
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+    )
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": NaN, "grad_norm": Infinity}\n')
+    assert job_metrics_ingest(job) == 1
+    assert JobMetric.objects.get(job=job).values == {"loss": None, "grad_norm": None}

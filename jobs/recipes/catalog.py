@@ -34,7 +34,10 @@ class Param:
     def check(self, value: Any) -> tuple[Any, str | None]:
         """The clean value, or an error message."""
         if value is None:
-            return (None, "This parameter is required.") if self.required else (None, None)
+            if self.required:
+                return None, "This parameter is required."
+            # null means "the default" only where the default is itself none.
+            return (None, None) if self.default is None else (None, "Must not be null.")
         if self.kind == "bool":
             return (value, None) if isinstance(value, bool) else (None, "Must be true or false.")
         if self.kind in ("int", "float"):

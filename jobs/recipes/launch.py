@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from .catalog import RecipeError, recipe_get
 # the local provider gives Slurm daemons.
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 30000, 2500
 
-SCRIPT = """#!/bin/bash
+SCRIPT = r"""#!/bin/bash
 # mtc recipe {recipe_id}: {title}
 # model {model}, {steps} steps, a checkpoint every {checkpoint_interval} steps in
 #   {checkpoint_dir}
@@ -82,8 +83,17 @@ def _run_config(recipe_id: str, params: dict[str, Any], run_dir: Path, real_gpus
     return config
 
 
-def recipe_plan(*, cluster: Cluster, recipe_id: str, body: Any) -> LaunchPlan:
-    """Everything a launch would do, without doing it (the page's preview)."""
+def new_run_dir(cluster: Cluster, recipe_id: str) -> Path:
+    stamp = f"{timezone.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    root = Path(settings.DATA_DIR) / "clusters" / cluster.cluster_id / "runs"
+    return root / f"{recipe_id}-{stamp}"
+
+
+def recipe_plan(
+    *, cluster: Cluster, recipe_id: str, body: Any, run_dir: Path | None = None
+) -> LaunchPlan:
+    """Everything a launch would do, without doing it (the page's preview). Give the
+    previewed ``run_dir`` back to recipe_launch to launch exactly what was shown."""
     recipe = recipe_get(recipe_id)
     if recipe is None:
         raise LaunchError({"recipe": f"No recipe '{recipe_id}'."})
@@ -101,13 +111,7 @@ def recipe_plan(*, cluster: Cluster, recipe_id: str, body: Any) -> LaunchPlan:
     provider = get_provider(cluster.provider)
     real_gpus = not provider.gpus_emulated
     name = body.get("name") or f"{recipe_id}-{params.get('model', '')}".rstrip("-")
-    run_dir = (
-        Path(settings.DATA_DIR)
-        / "clusters"
-        / cluster.cluster_id
-        / "runs"
-        / f"{recipe_id}-{timezone.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-    )
+    run_dir = run_dir or new_run_dir(cluster, recipe_id)
     gpus = body.get("gpus_per_node")
     job_body = {
         "name": name,
@@ -158,16 +162,25 @@ def recipe_plan(*, cluster: Cluster, recipe_id: str, body: Any) -> LaunchPlan:
     )
 
 
-def recipe_launch(*, cluster: Cluster, recipe_id: str, body: Any, owner) -> Job:
-    """Validate, write run.json, submit. Raises LaunchError, JobConflict or SlurmError."""
-    plan = recipe_plan(cluster=cluster, recipe_id=recipe_id, body=body)
-    plan.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+def recipe_launch(
+    *, cluster: Cluster, recipe_id: str, body: Any, owner, run_dir: Path | None = None
+) -> Job:
+    """Validate, write run.json, submit. Raises LaunchError, JobConflict or SlurmError;
+    a refused submission leaves no run directory behind."""
+    plan = recipe_plan(cluster=cluster, recipe_id=recipe_id, body=body, run_dir=run_dir)
+    if plan.run_dir.exists():
+        raise LaunchError({"run_dir": "This run directory is taken; preview again."})
+    plan.checkpoint_dir.mkdir(parents=True)
     (plan.run_dir / "run.json").write_text(json.dumps(plan.run_config, indent=2) + "\n")
-    return services.job_submit(
-        cluster=cluster,
-        owner=owner,
-        submission=plan.submission,
-        recipe=plan.recipe_id,
-        parameters={**plan.parameters, "nodes": plan.submission.nodes},
-        checkpoint_dir=str(plan.checkpoint_dir),
-    )
+    try:
+        return services.job_submit(
+            cluster=cluster,
+            owner=owner,
+            submission=plan.submission,
+            recipe=plan.recipe_id,
+            parameters={**plan.parameters, "nodes": plan.submission.nodes},
+            checkpoint_dir=str(plan.checkpoint_dir),
+        )
+    except Exception:
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        raise

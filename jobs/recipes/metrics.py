@@ -48,7 +48,8 @@ def job_metrics_ingest(job: Job) -> int:
     redo_from: int | None = None
     for raw in chunk[:complete].splitlines():
         try:
-            entry = json.loads(raw)
+            # NaN/Infinity (a diverged loss) are not JSON a database takes: store null.
+            entry = json.loads(raw, parse_constant=lambda _: None)
         except ValueError:
             log.warning("job %s: skipping a malformed metrics line", job)
             continue
@@ -118,5 +119,8 @@ def recipe_jobs_ingest(cluster) -> int:
             "recipe",
         )
     ):
-        added += job_metrics_ingest(job)
+        try:
+            added += job_metrics_ingest(job)
+        except Exception:  # noqa: BLE001 - one bad run must not stop the others
+            log.exception("job %s: metrics ingestion failed", job)
     return added
