@@ -179,6 +179,9 @@ INIT_FROM = Param(
     "Checkpoint directory of an earlier run to start from (its latest complete "
     "checkpoint is loaded).",
 )
+MAX_OPERAND = Param(
+    "max_operand", "int", 9, "Largest operand of the generated arithmetic tasks.", 1, 999
+)
 FAMILY = Param("family", "choice", "llama", "Model architecture.", choices=("llama", "gemma"))
 _PRETRAIN_DATA = (
     "Text file, directory of text files or JSONL with a 'text' field; default: "
@@ -235,12 +238,14 @@ RECIPES: dict[str, Recipe] = {
                     data_help=_SFT_DATA,
                 ),
                 INIT_FROM,
+                MAX_OPERAND,
             ),
         ),
         Recipe(
             "rl",
             "Reinforcement learning (GRPO)",
-            "Group-relative policy optimisation with a verifiable reward (arithmetic).",
+            "Group-relative policy optimisation with a verifiable reward (arithmetic); start "
+            "it from an sft checkpoint (init_from): a model from scratch earns no reward.",
             "llama",
             (
                 FAMILY,
@@ -255,6 +260,7 @@ RECIPES: dict[str, Recipe] = {
                 Param("group_size", "int", 4, "Samples per prompt.", 2, 64),
                 Param("max_new_tokens", "int", 8, "Tokens generated per sample.", 1, 4096),
                 Param("kl_coef", "float", 0.0, "KL penalty to the initial policy.", 0, 10),
+                MAX_OPERAND,
             ),
         ),
     )

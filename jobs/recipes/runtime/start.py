@@ -1,0 +1,201 @@
+"""Everything before the first step: where the run starts (its own newest complete
+checkpoint, else ``init_from``, else scratch), the model shape, the tokenizer, the
+sharded model and optimizer with their state loaded, and the recipe's task."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoint import (
+    checkpoint_find,
+    checkpoint_json,
+    checkpoint_load,
+    checkpoint_resolve,
+    checkpoint_step,
+    rng_restore,
+)
+from .config import RunConfig
+from .data import corpus_texts
+from .distributed import Dist
+from .model import model_build
+from .optim import optimizer_build
+from .presets import Preset
+from .tasks import PairSource
+from .tokenizer import TOKENIZER_FILE, Tok, tokenizer_load, tokenizer_train
+
+log = logging.getLogger("mtc.runtime")
+PRETRAIN = ("llama-pretrain", "gemma-pretrain", "continued-pretrain")
+TOKENIZER_TRAIN_BYTES = 4_000_000
+
+
+class RunError(Exception):
+    """A problem with the run's inputs (exit code 2)."""
+
+
+@dataclass
+class Prepared:
+    preset: Preset
+    tok: Tok
+    model: object
+    optimizer: object
+    task: object
+    precision: str
+    start_step: int = 0
+    resume: Path | None = None  # the run's own checkpoint it resumed from
+    init: Path | None = None  # the init_from checkpoint it started from
+    ref_init: str | None = None  # the initial policy's checkpoint, kept across resumes
+    skipped: list = field(default_factory=list)  # [(path, why)] checkpoints not usable
+
+
+def _start_plan(cfg: RunConfig, d: Dist) -> dict:
+    """Rank 0 decides where the run starts; every rank gets the same answer."""
+    plan: dict = {"resume": None, "init": None, "skipped": [], "error": None}
+    if d.is_main:
+        resume, skipped = checkpoint_find(cfg.checkpoint_dir)
+        plan["skipped"] = [(str(p), why) for p, why in skipped]
+        if resume is not None:
+            plan["resume"] = str(resume)
+        elif cfg.init_from:
+            init, skipped = checkpoint_resolve(cfg.init_from)
+            plan["skipped"] += [(str(p), why) for p, why in skipped]
+            if init is None:
+                plan["error"] = f"init_from {cfg.init_from}: no complete checkpoint there"
+            else:
+                plan["init"] = str(init)
+    return d.broadcast(plan)
+
+
+def _preset(cfg: RunConfig, source: Path | None) -> Preset:
+    """The configured shape, or the one the starting checkpoint was trained with."""
+    preset = cfg.preset()
+    saved = checkpoint_json(source, "model.json") if source else None
+    if saved:
+        saved_preset = Preset.from_dict(saved)
+        if saved_preset != preset:
+            log.warning(
+                "model: using the checkpoint's %s/%s shape, not the configured %s/%s",
+                saved_preset.family,
+                saved_preset.name,
+                preset.family,
+                preset.name,
+            )
+            return saved_preset
+    return preset
+
+
+def _tokenizer(cfg: RunConfig, d: Dist, source: Path | None, preset: Preset) -> Tok:
+    """run_dir/tokenizer.json: kept from an earlier attempt, copied from the checkpoint
+    the run starts from, or trained here on the recipe's own text."""
+    path = cfg.path / TOKENIZER_FILE
+    if d.is_main and not path.exists():
+        src = source / TOKENIZER_FILE if source else None
+        if src is not None and src.exists():
+            shutil.copyfile(src, path.with_suffix(".tmp"))
+            os.replace(path.with_suffix(".tmp"), path)
+            log.info("tokenizer: from %s", src)
+        else:
+            vocab = cfg.tokenizer_vocab or min(preset.vocab_size, 16384)
+            if cfg.recipe in PRETRAIN:
+                texts = corpus_texts(cfg.data_path, min(cfg.corpus_bytes, TOKENIZER_TRAIN_BYTES))
+            else:
+                texts = PairSource(cfg.data_path, cfg.seed, cfg.max_operand, 0).tokenizer_texts()
+            t0 = time.time()
+            tok = tokenizer_train(texts, vocab)
+            tok.save(path)
+            log.info("tokenizer: trained a %d-token BPE in %.1fs", tok.vocab_size, time.time() - t0)
+    d.barrier()
+    tok = tokenizer_load(path)
+    if tok.vocab_size > preset.vocab_size:
+        raise RunError(
+            f"tokenizer has {tok.vocab_size} tokens, the {preset.name} model only "
+            f"{preset.vocab_size}"
+        )
+    return tok
+
+
+def _task(cfg: RunConfig, d: Dist, tok: Tok, ref_model):
+    if cfg.recipe in PRETRAIN:
+        from .pretrain import PretrainTask, pretrain_tokens
+
+        return PretrainTask(cfg, d, pretrain_tokens(cfg, d, tok))
+    if cfg.recipe == "sft":
+        from .sft import SFTTask
+
+        return SFTTask(cfg, d, tok)
+    from .rl import RLTask
+
+    return RLTask(cfg, d, tok, ref_model)
+
+
+def run_prepare(cfg: RunConfig, d: Dist) -> Prepared:
+    if cfg.global_batch < d.world:
+        raise RunError(f"global_batch {cfg.global_batch} is smaller than the {d.world} ranks")
+    if d.is_main:
+        cfg.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    d.barrier()
+    plan = _start_plan(cfg, d)
+    if plan["error"]:
+        raise RunError(plan["error"])
+    resume = Path(plan["resume"]) if plan["resume"] else None
+    init = Path(plan["init"]) if plan["init"] else None
+    source = resume or init
+    if resume is not None:
+        ref_init = (checkpoint_json(resume, "trainer_state.json") or {}).get("init_checkpoint")
+    else:
+        ref_init = plan["init"]
+
+    preset = _preset(cfg, source)
+    if d.is_main:
+        (cfg.path / "model.json").write_text(json.dumps(preset.to_dict(), indent=1))
+    tok = _tokenizer(cfg, d, source, preset)
+
+    precision = cfg.precision
+    if precision == "auto":
+        precision = "bf16" if d.device.type == "cuda" else "fp32"
+    build = {
+        "d": d,
+        "seed": cfg.seed,
+        "precision": precision,
+        "activation_checkpointing": cfg.activation_checkpointing,
+        "compile": cfg.compile,
+    }
+    model = model_build(preset, **build)
+    optimizer = optimizer_build(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    start_step = 0
+    if resume is not None:
+        extra = checkpoint_load(d=d, path=resume, model=model, optimizer=optimizer)
+        start_step = checkpoint_step(resume)
+        if extra is not None:
+            rng_restore(extra["rng"])
+        else:
+            log.warning("resume: no RNG state for this rank/world size; data order is unaffected")
+    elif init is not None:
+        checkpoint_load(d=d, path=init, model=model)
+
+    ref_model = None
+    if cfg.recipe == "rl" and cfg.rl.kl_coef > 0:
+        # The reference policy is where the run started: init_from's weights, or the
+        # seed's initialisation (rebuilt the same way), whatever step it resumes at.
+        ref_model = model_build(preset, **{**build, "compile": False})
+        if ref_init:
+            checkpoint_load(d=d, path=Path(ref_init), model=ref_model)
+        ref_model.requires_grad_(False)
+    return Prepared(
+        preset=preset,
+        tok=tok,
+        model=model,
+        optimizer=optimizer,
+        task=_task(cfg, d, tok, ref_model),
+        precision=precision,
+        start_step=start_step,
+        resume=resume,
+        init=init,
+        ref_init=ref_init,
+        skipped=plan["skipped"],
+    )
