@@ -64,6 +64,10 @@ def job_metrics_ingest(job: Job) -> int:
                 summary["resumed_from_step"] = redo_from
             if event == "checkpoint" and step is not None:
                 summary["last_checkpoint_step"] = step
+            if event == "start":
+                summary.pop("done", None)
+            if event == "done":
+                summary["done"] = True
             if event in ("resumed", "done"):
                 events.append(
                     JobEvent(

@@ -1,0 +1,102 @@
+"""Recipes end to end on a real 2-node local cluster: launch through the API, Slurm
+runs srun + torchrun on both nodes, the poller stores the metrics."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from clusters import services as cluster_services
+from clusters.models import Cluster
+from jobs.models import Job, JobMetric
+from jobs.recipes.metrics import recipe_jobs_ingest
+from jobs.sync import jobs_sync
+
+from .conftest import make_spec
+
+pytestmark = pytest.mark.slurm
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "UNKNOWN"}
+
+
+@pytest.fixture
+def cluster(local_clusters):
+    cluster_services.cluster_create(spec=make_spec("rx", nodes=2))
+    return Cluster.objects.get(cluster_id="rx")
+
+
+def launch(api, recipe: str, nodes: int = 2, **overrides) -> str:
+    response = api.post(
+        f"/api/v1/clusters/rx/recipes/{recipe}/launch",
+        {"nodes": nodes, "overrides": overrides},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    return response.json()["job_id"]
+
+
+def poll(cluster, job_id: str, until, timeout: float = 240) -> Job:
+    """Play the poller (no Celery worker in tests) until ``until(job)`` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs_sync(cluster=cluster)
+        recipe_jobs_ingest(cluster)
+        job = Job.objects.get(cluster=cluster, job_id=job_id)
+        if until(job):
+            return job
+        assert job.state not in TERMINAL, (job.state, output(job))
+        assert time.monotonic() < deadline, f"job {job_id} still {job.state}"
+        time.sleep(0.3)
+
+
+def finished(cluster, job_id: str) -> Job:
+    job = poll(cluster, job_id, lambda j: j.state in TERMINAL and j.metrics.get("done"))
+    assert job.state == "COMPLETED", output(job)
+    return job
+
+
+def output(job: Job) -> str:
+    root = Path(job.checkpoint_dir).parents[2] / "output"
+    return "\n".join(p.read_text()[-3000:] for p in sorted(root.glob(f"slurm-{job.job_id}.*")))
+
+
+def loss_at(job: Job, step: int) -> float:
+    return JobMetric.objects.get(job=job, step=step).values["loss"]
+
+
+def test_pretrain_on_two_nodes_then_an_exact_resume_after_requeue(cluster, user_api):
+    first = finished(cluster, launch(user_api, "llama-pretrain", steps=60, checkpoint_interval=10))
+    summary = first.metrics
+    assert summary["step"] == 60 and summary["last_checkpoint_step"] == 60
+    assert summary["last_loss"] < summary["first_loss"] - 0.5
+    checkpoints = sorted(p.name for p in Path(first.checkpoint_dir).iterdir())
+    assert checkpoints[-1] == "step-000060"
+    assert all((Path(first.checkpoint_dir) / c / "COMPLETE").exists() for c in checkpoints)
+    assert "step 60/60" in output(first)
+
+    job_id = launch(user_api, "llama-pretrain", steps=60, checkpoint_interval=10)
+    poll(cluster, job_id, lambda j: j.metrics.get("last_checkpoint_step", 0) >= 30)
+    assert user_api.post(f"/api/v1/clusters/rx/jobs/{job_id}/requeue").status_code == 202
+    second = finished(cluster, job_id)
+    assert second.metrics["resumed_from_step"] >= 30 and second.requeue_count >= 1
+    assert loss_at(second, 60) == pytest.approx(loss_at(first, 60), rel=1e-4)
+    curve = user_api.get(f"/api/v1/clusters/rx/jobs/{job_id}/metrics").json()
+    assert [p["step"] for p in curve["series"]] == list(range(1, 61))
+
+    cont = finished(
+        cluster, launch(user_api, "continued-pretrain", steps=10, init_from=first.checkpoint_dir)
+    )
+    assert cont.metrics["first_loss"] < first.metrics["first_loss"] - 0.5
+
+
+def test_gemma_sft_and_rl(cluster, user_api):
+    gemma = finished(cluster, launch(user_api, "gemma-pretrain", steps=20, nodes=1))
+    assert gemma.metrics["last_loss"] < gemma.metrics["first_loss"]
+
+    sft = finished(cluster, launch(user_api, "sft", steps=80, max_operand=3))
+    assert sft.metrics["last_loss"] < sft.metrics["first_loss"]
+    rl = finished(
+        cluster, launch(user_api, "rl", steps=40, max_operand=3, init_from=sft.checkpoint_dir)
+    )
+    rewards = [m.values["reward"] for m in JobMetric.objects.filter(job=rl).order_by("step")]
+    assert len(rewards) == 40
+    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10
