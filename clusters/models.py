@@ -20,6 +20,10 @@ class Cluster(models.Model):
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
     controller_port = models.PositiveIntegerField(null=True, unique=True)
+    # Repair policy switches (health app): operators approve each repair, and at most
+    # this share of a pool is out of service for repairs at once.
+    repair_requires_approval = models.BooleanField(default=False)
+    repair_max_fraction = models.FloatField(default=0.25)
     create_time = models.DateTimeField(auto_now_add=True)
     update_time = models.DateTimeField(auto_now=True)
 
@@ -63,6 +67,9 @@ class Node(models.Model):
     slurm_state = models.CharField(max_length=40, default="UNKNOWN")
     slurm_reason = models.CharField(max_length=300, blank=True)
     health = models.CharField(max_length=40, default="UNKNOWN")
+    health_message = models.CharField(max_length=300, blank=True)
+    last_report_time = models.DateTimeField(null=True, blank=True)
+    agent_token_hash = models.CharField(max_length=64, blank=True)
     gpus = models.PositiveIntegerField(default=0)
     gpu_type = models.CharField(max_length=40, blank=True)
     gpus_emulated = models.BooleanField(default=False)

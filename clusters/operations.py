@@ -97,10 +97,13 @@ def _finish(operation: Operation, state: str, *, code: str = "", message: str = 
 
 
 def operation_fail(operation: Operation, *, code: str, message: str) -> None:
-    if (
-        _finish(operation, OperationState.FAILED, code=code, message=message)
-        and operation.cluster_id
-    ):
+    finished = _finish(operation, OperationState.FAILED, code=code, message=message)
+    if finished and operation.kind == OperationKind.REPAIR_NODE:
+        from health.repair import repair_operation_failed
+
+        repair_operation_failed(operation, message)  # escalates; the cluster stays up
+        return
+    if finished and operation.cluster_id:
         Cluster.objects.filter(pk=operation.cluster_id).exclude(state=ClusterState.DELETING).update(
             state=ClusterState.ERROR, state_message=message[:500]
         )
@@ -291,10 +294,17 @@ def _delete_cluster(operation: Operation) -> None:
     cluster.delete()
 
 
+def _repair_node(operation: Operation) -> None:
+    from health.repair import repair_execute  # the health app owns repairs
+
+    repair_execute(operation)
+
+
 HANDLERS = {
     OperationKind.CREATE_CLUSTER: _reconcile_cluster,
     OperationKind.UPDATE_CLUSTER: _reconcile_cluster,
     OperationKind.DELETE_CLUSTER: _delete_cluster,
+    OperationKind.REPAIR_NODE: _repair_node,
 }
 
 

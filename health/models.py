@@ -1,0 +1,77 @@
+from django.conf import settings
+from django.db import models
+
+from clusters.models import Cluster, Node, Operation
+
+from .choices import FailureState, RepairAction, RepairState
+
+
+class HealthReport(models.Model):
+    """One round of checks on a node: from its agent, or from the controller side."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="health_reports")
+    time = models.DateTimeField()
+    source = models.CharField(max_length=16, default="agent")  # agent | controller
+    ok = models.BooleanField(default=True)
+    checks = models.JSONField(default=list)
+    findings = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["-time", "-id"]
+        indexes = [models.Index(fields=["node", "-time"])]
+
+
+class NodeFailure(models.Model):
+    """A failure mode seen on a node, from first sight until a repair resolves it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="failures")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="failures")
+    mode = models.CharField(max_length=40)
+    severity = models.CharField(max_length=10)
+    message = models.CharField(max_length=500, blank=True)
+    state = models.CharField(max_length=10, choices=FailureState.choices, default=FailureState.OPEN)
+    repair_attempts = models.PositiveIntegerField(default=0)
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+    resolved_time = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-first_seen", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "mode"],
+                condition=~models.Q(state=FailureState.RESOLVED),
+                name="one_unresolved_failure_per_node_and_mode",
+            )
+        ]
+
+
+class Repair(models.Model):
+    """One repair action on a node for a failure, with its Operation."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="repairs")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="repairs")
+    failure = models.ForeignKey(
+        NodeFailure, null=True, blank=True, on_delete=models.SET_NULL, related_name="repairs"
+    )
+    action = models.CharField(max_length=10, choices=RepairAction.choices)
+    state = models.CharField(max_length=20, choices=RepairState.choices)
+    attempt = models.PositiveIntegerField(default=1)
+    message = models.CharField(max_length=500, blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    operation = models.ForeignKey(
+        Operation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    jobs_requeued = models.JSONField(default=list, blank=True)
+    create_time = models.DateTimeField(auto_now_add=True)
+    start_time = models.DateTimeField(null=True, blank=True)
+    end_time = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-create_time", "-id"]
+        indexes = [models.Index(fields=["cluster", "state"])]

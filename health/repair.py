@@ -1,0 +1,136 @@
+"""Carrying out a repair (an Operation of kind REPAIR_NODE): drain the node, requeue
+its jobs so they resume elsewhere from their checkpoints, run the action through
+the provider, and return the node to service only once it passes its checks."""
+
+from __future__ import annotations
+
+import logging
+
+from django.utils import timezone
+
+from clusters.models import Node, Operation
+from clusters.operations import operation_progress
+from clusters.providers.base import get_provider
+from jobs.choices import ACTIVE_STATES, JobState
+from jobs.models import Job, JobEvent
+from jobs.slurm import SlurmError
+
+from .choices import FailureState, RepairAction, RepairState
+from .models import NodeFailure, Repair
+from .services import node_health_refresh, repair_plan, report_ingest
+
+log = logging.getLogger(__name__)
+READY_TIMEOUT_S = 30
+
+
+def node_jobs_requeue(*, node: Node, cause: str) -> list[dict]:
+    """Requeue every job that runs on the node; record the interruption on each.
+    Returns [{"job_id", "steps_lost"}]."""
+    cluster = node.cluster
+    client = get_provider(cluster.provider).slurm(cluster)
+    out = client.run(
+        ["squeue", "--noheader", f"--nodelist={node.name}", "--format=%i"], check=False
+    ).stdout
+    requeued = []
+    now = timezone.now()
+    for job_id in out.split():
+        try:
+            client.control("requeue", job_id)
+        except SlurmError as exc:
+            log.warning("requeue of %s after %s failed: %s", job_id, node.name, exc)
+            continue
+        job = Job.objects.filter(cluster=cluster, job_id=job_id).first()
+        steps_lost = None
+        if job is not None and job.recipe:
+            step = job.metrics.get("step")
+            saved = job.metrics.get("last_checkpoint_step", 0)
+            steps_lost = (step - saved) if step is not None else None
+        if job is not None:
+            JobEvent.objects.create(
+                job=job,
+                time=now,
+                state=JobState.REQUEUED,
+                cause=f"interrupted: node {node.name} {cause}; requeued"
+                + (f", {steps_lost} step(s) since the last checkpoint" if steps_lost else ""),
+            )
+            Job.objects.filter(pk=job.pk, state__in=ACTIVE_STATES).update(
+                requeue_count=job.requeue_count + 1
+            )
+        requeued.append({"job_id": job_id, "steps_lost": steps_lost})
+    return requeued
+
+
+def _checks_pass(node: Node, provider) -> tuple[bool, str]:
+    """Run the node's checks once, now, and store them as a report."""
+    report = provider.node_checks(node.cluster, node)
+    if report is None:
+        return True, "no checks available for this provider"
+    row = report_ingest(node=node, report=report, source="agent")
+    critical = [f["code"] for f in row.findings if f.get("severity") == "critical"]
+    return not critical, ", ".join(critical)
+
+
+def repair_execute(operation: Operation) -> None:
+    repair = Repair.objects.select_related("node__cluster", "failure").get(
+        pk=operation.params["repair_id"]
+    )
+    node = repair.node
+    cluster = node.cluster
+    provider = get_provider(cluster.provider)
+    mode = repair.failure.mode if repair.failure else "repair"
+    operation_progress(operation, 10, f"Draining {node.name}")
+    provider.drain_nodes(cluster, [node.name], f"mtc: {mode}")
+    operation_progress(operation, 20, "Requeueing the node's jobs")
+    requeued = node_jobs_requeue(node=node, cause=mode)
+    Repair.objects.filter(pk=repair.pk).update(jobs_requeued=requeued)
+    operation_progress(operation, 40, f"{repair.action} {node.name}")
+    if repair.action == RepairAction.REBOOT:
+        provider.reboot_node(cluster, node)
+    elif repair.action == RepairAction.REIMAGE:
+        provider.reimage_node(cluster, node)
+    elif repair.action == RepairAction.REPLACE:
+        Node.objects.filter(pk=node.pk).update(provider_id=provider.replace_node(cluster, node))
+    if repair.action != RepairAction.DRAIN:
+        operation_progress(operation, 60, f"Waiting for {node.name} to register")
+        provider.wait_ready(cluster, [node.name], timeout=READY_TIMEOUT_S)
+        operation_progress(operation, 80, f"Checking {node.name}")
+        ok, problems = _checks_pass(node, provider)
+        if not ok:
+            _repair_failed(repair, f"checks still fail after {repair.action}: {problems}")
+            return
+        provider.slurm(cluster).node_update([node.name], state="RESUME")
+    _repair_succeeded(repair)
+
+
+def _repair_succeeded(repair: Repair) -> None:
+    now = timezone.now()
+    Repair.objects.filter(pk=repair.pk).update(state=RepairState.SUCCEEDED, end_time=now)
+    if repair.failure_id:
+        NodeFailure.objects.filter(pk=repair.failure_id).update(
+            state=FailureState.RESOLVED, resolved_time=now, repair_attempts=repair.attempt
+        )
+        # Other failures of the node that this repair also cleared get closed by the
+        # next report; a drain-only repair leaves the node drained for a person.
+    node_health_refresh(repair.node)
+
+
+def _repair_failed(repair: Repair, message: str) -> None:
+    """The action did not fix the node: escalate to the next action of the ladder."""
+    now = timezone.now()
+    Repair.objects.filter(pk=repair.pk).update(
+        state=RepairState.FAILED, end_time=now, message=message[:500]
+    )
+    if repair.failure_id:
+        NodeFailure.objects.filter(pk=repair.failure_id).update(
+            state=FailureState.OPEN, repair_attempts=repair.attempt
+        )
+        failure = NodeFailure.objects.get(pk=repair.failure_id)
+        repair_plan(failure=failure)
+    node_health_refresh(repair.node)
+
+
+def repair_operation_failed(operation: Operation, message: str) -> None:
+    """Called when the Operation itself failed (provider error, timeout)."""
+    repair = Repair.objects.filter(pk=operation.params.get("repair_id")).first()
+    if repair is not None and repair.state == RepairState.RUNNING:
+        _repair_failed(repair, message)

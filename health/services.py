@@ -1,0 +1,289 @@
+"""Writes on node health: reports in, failures classified, repairs planned and
+dispatched within the policy's limits."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import secrets
+import statistics
+from datetime import UTC, datetime
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from clusters.choices import OperationKind
+from clusters.models import Cluster, Node, Operation
+
+from .choices import (
+    REPAIR_ACTIVE_STATES,
+    FailureState,
+    NodeHealth,
+    RepairAction,
+    RepairState,
+    Severity,
+)
+from .models import HealthReport, NodeFailure, Repair
+from .policy import SLOW_FRACTION, mode_for, next_action
+
+log = logging.getLogger(__name__)
+
+
+class RepairConflict(Exception):
+    """The repair cannot be requested or approved in this state (HTTP 409)."""
+
+
+# --- agent tokens ----------------------------------------------------------
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def node_token_issue(node: Node) -> str:
+    """A new per-node token for the node's agent; only its hash is stored."""
+    token = secrets.token_urlsafe(32)
+    Node.objects.filter(pk=node.pk).update(agent_token_hash=_digest(token))
+    node.agent_token_hash = _digest(token)
+    return token
+
+
+def node_token_valid(node: Node, token: str) -> bool:
+    return bool(node.agent_token_hash) and secrets.compare_digest(
+        node.agent_token_hash, _digest(token)
+    )
+
+
+# --- reports -> failures ---------------------------------------------------
+def _pool_median_speed(node: Node) -> float | None:
+    """The median of the latest speed figure of each node in the pool (>= 3 nodes)."""
+    speeds = []
+    for other in Node.objects.filter(pool_id=node.pool_id).exclude(last_report_time=None):
+        report = other.health_reports.filter(source="agent").only("checks").first()
+        for check in report.checks if report else []:
+            if check.get("name") == "speed" and check.get("details", {}).get("gflops"):
+                speeds.append(float(check["details"]["gflops"]))
+    return statistics.median(speeds) if len(speeds) >= 3 else None
+
+
+def _speed_findings(node: Node, checks: list[dict]) -> list[dict]:
+    mine = next((c for c in checks if c.get("name") == "speed"), None)
+    gflops = (mine or {}).get("details", {}).get("gflops")
+    median = _pool_median_speed(node)
+    if gflops and median and float(gflops) < SLOW_FRACTION * median:
+        return [
+            {
+                "code": "SLOW_NODE",
+                "severity": Severity.CRITICAL,
+                "check": "speed",
+                "message": f"{float(gflops):.2f} GFLOP/s against the pool's median "
+                f"{median:.2f} (below {SLOW_FRACTION:.0%})",
+            }
+        ]
+    return []
+
+
+def report_ingest(*, node: Node, report: dict, source: str = "agent") -> HealthReport:
+    """Store a report and classify its findings into failures."""
+    checks = report.get("checks") if isinstance(report.get("checks"), list) else []
+    findings = [
+        {
+            "code": str(f.get("code")),
+            "severity": f.get("severity") or mode_for(str(f.get("code"))).severity,
+            "message": str(f.get("message", ""))[:300],
+            "check": c.get("name"),
+            "gpu": f.get("gpu"),
+        }
+        for c in checks
+        if isinstance(c, dict)
+        for f in (c.get("findings") or [])
+        if isinstance(f, dict) and f.get("code")
+    ]
+    stamp = report.get("time")
+    when = (
+        datetime.fromtimestamp(float(stamp), tz=UTC)
+        if isinstance(stamp, (int, float))
+        else timezone.now()
+    )
+    row = HealthReport.objects.create(
+        node=node, time=when, source=source, ok=not findings, checks=checks, findings=findings
+    )
+    if source == "agent":
+        Node.objects.filter(pk=node.pk).update(last_report_time=when)
+        # The speed check is judged against the pool, with this report included.
+        extra = _speed_findings(node, checks)
+        if extra:
+            findings += extra
+            HealthReport.objects.filter(pk=row.pk).update(findings=findings, ok=False)
+    failures_update(node=node, findings=findings, source=source)
+    return row
+
+
+def failures_update(*, node: Node, findings: list[dict], source: str) -> list[NodeFailure]:
+    """Open failures for new critical modes, refresh the ones seen again, and close
+    warnings that are gone. Then plan repairs for what is open."""
+    now = timezone.now()
+    opened = []
+    for finding in findings:
+        mode = mode_for(finding["code"])
+        try:
+            with transaction.atomic():
+                failure, created = NodeFailure.objects.get_or_create(
+                    node=node,
+                    mode=mode.code,
+                    state__in=[FailureState.OPEN, FailureState.REPAIRING],
+                    defaults=dict(
+                        cluster_id=node.cluster_id,
+                        severity=mode.severity,
+                        message=finding["message"],
+                        first_seen=now,
+                        last_seen=now,
+                        state=FailureState.OPEN,
+                    ),
+                )
+        except IntegrityError:  # a concurrent report opened it
+            continue
+        if not created:
+            NodeFailure.objects.filter(pk=failure.pk).update(last_seen=now)
+        elif mode.severity == Severity.CRITICAL:
+            opened.append(failure)
+    seen = {f["code"] for f in findings}
+    NodeFailure.objects.filter(
+        node=node, state=FailureState.OPEN, severity=Severity.WARNING
+    ).exclude(mode__in=seen).update(state=FailureState.RESOLVED, resolved_time=now)
+    node_health_refresh(node)
+    for failure in opened:
+        repair_plan(failure=failure)
+    return opened
+
+
+def node_health_refresh(node: Node) -> None:
+    open_failures = list(
+        NodeFailure.objects.filter(node=node)
+        .exclude(state=FailureState.RESOLVED)
+        .values_list("mode", "severity", "state")
+    )
+    if any(state == FailureState.REPAIRING for _, _, state in open_failures):
+        health = NodeHealth.REPAIRING
+    elif any(sev == Severity.CRITICAL for _, sev, _ in open_failures):
+        health = NodeHealth.FAILED
+    elif open_failures:
+        health = NodeHealth.WARNING
+    else:
+        health = NodeHealth.HEALTHY
+    message = ", ".join(sorted({mode for mode, _, _ in open_failures}))
+    Node.objects.filter(pk=node.pk).update(health=health, health_message=message[:300])
+
+
+# --- repairs ---------------------------------------------------------------
+def repair_plan(
+    *, failure: NodeFailure, requested_by=None, action: str | None = None
+) -> Repair | None:
+    """The next repair for a failure (by the policy's ladder, or the operator's choice)."""
+    action = action or next_action(failure.mode, failure.repair_attempts)
+    if action is None:
+        log.warning("node %s: no repair left for %s", failure.node_id, failure.mode)
+        return None
+    cluster = Cluster.objects.get(pk=failure.cluster_id)
+    if Repair.objects.filter(node_id=failure.node_id, state__in=REPAIR_ACTIVE_STATES).exists():
+        return None  # one repair per node at a time
+    state = (
+        RepairState.PENDING_APPROVAL
+        if cluster.repair_requires_approval and requested_by is None
+        else RepairState.WAITING
+    )
+    repair = Repair.objects.create(
+        cluster=cluster,
+        node_id=failure.node_id,
+        failure=failure,
+        action=action,
+        state=state,
+        attempt=failure.repair_attempts + 1,
+        requested_by=requested_by,
+        message=f"{failure.mode}: {mode_for(failure.mode).meaning}",
+    )
+    repairs_dispatch(cluster=cluster)
+    return repair
+
+
+def repair_request(*, node: Node, action: str, requested_by) -> Repair:
+    """An operator asks for a repair (POST .../repair)."""
+    if action not in RepairAction.values:
+        raise RepairConflict(f"Unknown action '{action}'.")
+    now = timezone.now()
+    failure = NodeFailure.objects.filter(node=node).exclude(state=FailureState.RESOLVED).first()
+    if failure is None:
+        failure = NodeFailure.objects.create(
+            cluster_id=node.cluster_id,
+            node=node,
+            mode="OPERATOR_REQUEST",
+            severity=Severity.CRITICAL,
+            message=f"{action} requested by {requested_by.username}",
+            first_seen=now,
+            last_seen=now,
+        )
+    repair = repair_plan(failure=failure, requested_by=requested_by, action=action)
+    if repair is None:
+        raise RepairConflict(f"Node {node.name} already has a repair in progress.")
+    return repair
+
+
+def repair_approve(*, repair: Repair, approved_by) -> Repair:
+    updated = Repair.objects.filter(pk=repair.pk, state=RepairState.PENDING_APPROVAL).update(
+        state=RepairState.WAITING, approved_by=approved_by
+    )
+    if not updated:
+        raise RepairConflict(f"Repair {repair.pk} is {repair.state}, not waiting for approval.")
+    repairs_dispatch(cluster=repair.cluster)
+    repair.refresh_from_db()
+    return repair
+
+
+def _pool_budget(node: Node, cluster: Cluster) -> int:
+    size = Node.objects.filter(pool_id=node.pool_id).count()
+    return max(1, math.floor(cluster.repair_max_fraction * size))
+
+
+def repairs_dispatch(*, cluster: Cluster) -> list[Repair]:
+    """Start WAITING repairs while each pool stays within its share in repair."""
+    from clusters.services import _enqueue
+
+    started = []
+    for repair in (
+        Repair.objects.filter(cluster=cluster, state=RepairState.WAITING)
+        .select_related("node")
+        .order_by("create_time", "id")
+    ):
+        in_repair = Repair.objects.filter(
+            node__pool_id=repair.node.pool_id, state=RepairState.RUNNING
+        ).count()
+        if in_repair >= _pool_budget(repair.node, cluster):
+            continue
+        with transaction.atomic():
+            if not Repair.objects.filter(pk=repair.pk, state=RepairState.WAITING).update(
+                state=RepairState.RUNNING, start_time=timezone.now()
+            ):
+                continue  # another dispatcher took it
+            operation = Operation.objects.create(
+                kind=OperationKind.REPAIR_NODE,
+                target=f"clusters/{cluster.cluster_id}/nodes/{repair.node.name}",
+                cluster=cluster,
+                params={"repair_id": repair.pk},
+                status_message=f"{repair.action} queued",
+                owner=repair.requested_by,
+            )
+            Repair.objects.filter(pk=repair.pk).update(operation=operation)
+            if repair.failure_id:
+                NodeFailure.objects.filter(pk=repair.failure_id).update(
+                    state=FailureState.REPAIRING
+                )
+            _enqueue(operation)
+        node_health_refresh(repair.node)
+        started.append(repair)
+    return started
+
+
+def repairs_summary(cluster: Cluster) -> dict[str, int]:
+    counts = dict.fromkeys(RepairState.values, 0)
+    for state in Repair.objects.filter(cluster=cluster).values_list("state", flat=True):
+        counts[state] += 1
+    return counts
