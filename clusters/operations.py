@@ -397,7 +397,9 @@ def operations_resume() -> list[str]:
 
     now = timezone.now()
     queued = []
-    for op in Operation.objects.filter(state__in=OPERATION_ACTIVE_STATES):
+    # A repair's Operation waits PENDING until the health app dispatches it.
+    waiting_repairs = Q(kind=OperationKind.REPAIR_NODE, state=OperationState.PENDING)
+    for op in Operation.objects.filter(state__in=OPERATION_ACTIVE_STATES).exclude(waiting_repairs):
         if op.lease_expires and op.lease_expires > now:
             operation_run.apply_async(
                 (str(op.pk),), countdown=(op.lease_expires - now).total_seconds() + 0.5

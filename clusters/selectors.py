@@ -2,7 +2,7 @@
 
 from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 
-from .choices import OPERATION_ACTIVE_STATES
+from .choices import OPERATION_ACTIVE_STATES, OperationKind, OperationState
 from .models import Cluster, Node, Operation
 
 _READY = Q(nodes__slurm_state__in=["IDLE", "ALLOCATED", "MIXED", "COMPLETING"])
@@ -32,8 +32,15 @@ def cluster_operations(cluster: Cluster, limit: int = 10) -> list[Operation]:
     return list(cluster.operations.all()[:limit])
 
 
+# A repair's Operation waits PENDING (for approval or its turn) without holding the
+# cluster: pages do not treat it as work in progress.
+WAITING_REPAIR = Q(kind=OperationKind.REPAIR_NODE, state=OperationState.PENDING)
+
+
 def cluster_active_operation(cluster: Cluster) -> Operation | None:
-    return cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).first()
+    return (
+        cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).exclude(WAITING_REPAIR).first()
+    )
 
 
 def node_state_counts(clusters: QuerySet[Cluster] | None = None) -> dict[str, int]:
@@ -72,7 +79,9 @@ def operations_recent(limit: int = 8) -> list[Operation]:
 
 def operations_active_exist() -> bool:
     """Whether any Operation is pending or running (pages then refresh faster)."""
-    return Operation.objects.filter(state__in=OPERATION_ACTIVE_STATES).exists()
+    return (
+        Operation.objects.filter(state__in=OPERATION_ACTIVE_STATES).exclude(WAITING_REPAIR).exists()
+    )
 
 
 def gpu_total() -> int:

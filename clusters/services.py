@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from .choices import (
@@ -103,7 +104,11 @@ def cluster_create(*, spec: Any, owner=None) -> Operation:
 
 
 def _active_operation(cluster: Cluster) -> Operation | None:
-    return cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).first()
+    """The Operation that holds the cluster; a repair still waiting its turn does not."""
+    waiting_repair = Q(kind=OperationKind.REPAIR_NODE, state=OperationState.PENDING)
+    return (
+        cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).exclude(waiting_repair).first()
+    )
 
 
 def cluster_update(*, cluster: Cluster, patch: Any, owner=None) -> Operation:

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from jobs import selectors as job_selectors
 
 from . import forms, selectors, services
-from .choices import OPERATION_ACTIVE_STATES, ClusterState, OperationState
+from .choices import OPERATION_ACTIVE_STATES, ClusterState, OperationKind, OperationState
 from .models import Cluster
 from .providers.base import ProviderError, get_provider
 from .reference_architectures import architecture_get, architecture_list
@@ -121,7 +121,15 @@ def _live_context(cluster: Cluster) -> dict:
     """What changes while the cluster works: state, pools, nodes, operations."""
     nodes = list(selectors.cluster_nodes(cluster))
     operations = selectors.cluster_operations(cluster)
-    active = next((op for op in operations if op.state in OPERATION_ACTIVE_STATES), None)
+    active = next(
+        (
+            op
+            for op in operations
+            if op.state in OPERATION_ACTIVE_STATES
+            and not (op.kind == OperationKind.REPAIR_NODE and op.state == OperationState.PENDING)
+        ),
+        None,
+    )  # a repair waiting for approval or its turn is not work in progress
     if active is None and cluster.state in BUSY_CLUSTER_STATES:
         active = selectors.cluster_active_operation(cluster)
     per_pool = Counter(n.pool_id for n in nodes)

@@ -5,6 +5,7 @@ the provider, and return the node to service only once it passes its checks."""
 from __future__ import annotations
 
 import logging
+import time
 
 from django.utils import timezone
 
@@ -23,22 +24,26 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 30
 
 
-def node_jobs_requeue(*, node: Node, cause: str) -> list[dict]:
-    """Requeue every job that runs on the node; record the interruption on each.
-    Returns [{"job_id", "steps_lost"}]."""
+def node_job_ids(node: Node) -> list[str]:
+    """The jobs Slurm has on the node now (ask before the node is set DOWN)."""
+    client = get_provider(node.cluster.provider).slurm(node.cluster)
+    return client.run(
+        ["squeue", "--noheader", f"--nodelist={node.name}", "--format=%i"], check=False
+    ).stdout.split()
+
+
+def node_jobs_requeue(*, node: Node, job_ids: list[str], cause: str) -> list[dict]:
+    """Requeue the node's jobs (Slurm may have begun already); record the interruption
+    on each. Returns [{"job_id", "steps_lost"}]."""
     cluster = node.cluster
     client = get_provider(cluster.provider).slurm(cluster)
-    out = client.run(
-        ["squeue", "--noheader", f"--nodelist={node.name}", "--format=%i"], check=False
-    ).stdout
     requeued = []
     now = timezone.now()
-    for job_id in out.split():
+    for job_id in job_ids:
         try:
             client.control("requeue", job_id)
-        except SlurmError as exc:
-            log.warning("requeue of %s after %s failed: %s", job_id, node.name, exc)
-            continue
+        except SlurmError as exc:  # e.g. already requeued by Slurm for the node's failure
+            log.info("requeue of %s after %s: %s", job_id, node.name, exc)
         job = Job.objects.filter(cluster=cluster, job_id=job_id).first()
         steps_lost = None
         if job is not None and job.recipe:
@@ -60,6 +65,22 @@ def node_jobs_requeue(*, node: Node, cause: str) -> list[dict]:
     return requeued
 
 
+def _start_requeued_now(client, job_ids: list[str], timeout: float = 20) -> None:
+    """A job requeued off a dead node is held back by Slurm (BeginTime, about two
+    minutes) once its requeue completes: let it start at once."""
+    deadline = time.monotonic() + timeout
+    waiting = set(job_ids)
+    while waiting and time.monotonic() < deadline:
+        for job_id in list(waiting):
+            info = client.job(job_id)
+            if info is None or info.state == "RUNNING":
+                waiting.discard(job_id)
+            elif info.state == "PENDING" and info.reason == "BeginTime":
+                client.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+                waiting.discard(job_id)
+        time.sleep(0.2)
+
+
 def _checks_pass(node: Node, provider) -> tuple[bool, str]:
     """Run the node's checks once, now, and store them as a report."""
     report = provider.node_checks(node.cluster, node)
@@ -79,9 +100,14 @@ def repair_execute(operation: Operation) -> None:
     provider = get_provider(cluster.provider)
     mode = repair.failure.mode if repair.failure else "repair"
     operation_progress(operation, 10, f"Draining {node.name}")
+    job_ids = node_job_ids(node)
     provider.drain_nodes(cluster, [node.name], f"mtc: {mode}")
+    if node.name in {n.name for n in provider.dead_nodes(cluster, [node])}:
+        # A dead node cannot end its part of a job: DOWN tells Slurm so at once (the
+        # drain stays, so the node does not take work when it comes back unchecked).
+        provider.slurm(cluster).node_update([node.name], state="DOWN", reason=f"mtc: {mode}")
     operation_progress(operation, 20, "Requeueing the node's jobs")
-    requeued = node_jobs_requeue(node=node, cause=mode)
+    requeued = node_jobs_requeue(node=node, job_ids=job_ids, cause=mode)
     Repair.objects.filter(pk=repair.pk).update(jobs_requeued=requeued)
     operation_progress(operation, 40, f"{repair.action} {node.name}")
     if repair.action == RepairAction.REBOOT:
@@ -99,6 +125,7 @@ def repair_execute(operation: Operation) -> None:
             _repair_failed(repair, f"checks still fail after {repair.action}: {problems}")
             return
         provider.slurm(cluster).node_update([node.name], state="RESUME")
+    _start_requeued_now(provider.slurm(cluster), [j["job_id"] for j in requeued])
     _repair_succeeded(repair)
 
 
@@ -106,11 +133,11 @@ def _repair_succeeded(repair: Repair) -> None:
     now = timezone.now()
     Repair.objects.filter(pk=repair.pk).update(state=RepairState.SUCCEEDED, end_time=now)
     if repair.failure_id:
-        NodeFailure.objects.filter(pk=repair.failure_id).update(
-            state=FailureState.RESOLVED, resolved_time=now, repair_attempts=repair.attempt
-        )
-        # Other failures of the node that this repair also cleared get closed by the
-        # next report; a drain-only repair leaves the node drained for a person.
+        NodeFailure.objects.filter(pk=repair.failure_id).update(repair_attempts=repair.attempt)
+    # The node passed all its checks after the action: every failure it had is gone.
+    NodeFailure.objects.filter(node_id=repair.node_id).exclude(state=FailureState.RESOLVED).update(
+        state=FailureState.RESOLVED, resolved_time=now
+    )
     node_health_refresh(repair.node)
 
 

@@ -30,6 +30,14 @@ from .policy import SLOW_FRACTION, mode_for, next_action
 log = logging.getLogger(__name__)
 
 
+ACTION_STRENGTH = {
+    RepairAction.DRAIN: 0,
+    RepairAction.REBOOT: 1,
+    RepairAction.REIMAGE: 2,
+    RepairAction.REPLACE: 3,
+}
+
+
 class RepairConflict(Exception):
     """The repair cannot be requested or approved in this state (HTTP 409)."""
 
@@ -147,12 +155,19 @@ def failures_update(*, node: Node, findings: list[dict], source: str) -> list[No
         elif mode.severity == Severity.CRITICAL:
             opened.append(failure)
     seen = {f["code"] for f in findings}
+    if source != "agent":  # the controller sees only liveness; it cannot clear warnings
+        seen |= set(NodeFailure.objects.filter(node=node).values_list("mode", flat=True))
     NodeFailure.objects.filter(
         node=node, state=FailureState.OPEN, severity=Severity.WARNING
     ).exclude(mode__in=seen).update(state=FailureState.RESOLVED, resolved_time=now)
     node_health_refresh(node)
-    for failure in opened:
-        repair_plan(failure=failure)
+    if opened:
+        # One repair at a time per node: the one whose action reaches deepest.
+        repair_plan(
+            failure=max(
+                opened, key=lambda f: ACTION_STRENGTH.get(next_action(f.mode, f.repair_attempts), 0)
+            )
+        )
     return opened
 
 
@@ -191,17 +206,34 @@ def repair_plan(
         if cluster.repair_requires_approval and requested_by is None
         else RepairState.WAITING
     )
-    repair = Repair.objects.create(
-        cluster=cluster,
-        node_id=failure.node_id,
-        failure=failure,
-        action=action,
-        state=state,
-        attempt=failure.repair_attempts + 1,
-        requested_by=requested_by,
-        message=f"{failure.mode}: {mode_for(failure.mode).meaning}",
-    )
+    node = Node.objects.get(pk=failure.node_id)
+    with transaction.atomic():
+        # The Operation exists from the start (the API answers with it); a worker gets
+        # it only when the repair may run (approved, and within the pool's share).
+        operation = Operation.objects.create(
+            kind=OperationKind.REPAIR_NODE,
+            target=f"clusters/{cluster.cluster_id}/nodes/{node.name}",
+            cluster=cluster,
+            owner=requested_by,
+            status_message="Waiting for an operator's approval"
+            if state == RepairState.PENDING_APPROVAL
+            else f"{action} waiting for its turn",
+        )
+        repair = Repair.objects.create(
+            cluster=cluster,
+            node=node,
+            failure=failure,
+            action=action,
+            state=state,
+            attempt=failure.repair_attempts + 1,
+            requested_by=requested_by,
+            operation=operation,
+            message=f"{failure.mode}: {mode_for(failure.mode).meaning}",
+        )
+        operation.params = {"repair_id": repair.pk}
+        operation.save(update_fields=["params"])
     repairs_dispatch(cluster=cluster)
+    repair.refresh_from_db()
     return repair
 
 
@@ -210,7 +242,12 @@ def repair_request(*, node: Node, action: str, requested_by) -> Repair:
     if action not in RepairAction.values:
         raise RepairConflict(f"Unknown action '{action}'.")
     now = timezone.now()
-    failure = NodeFailure.objects.filter(node=node).exclude(state=FailureState.RESOLVED).first()
+    failure = (
+        NodeFailure.objects.filter(node=node)
+        .exclude(state=FailureState.RESOLVED)
+        .order_by("severity", "-first_seen")
+        .first()  # "critical" sorts before "warning"
+    )
     if failure is None:
         failure = NodeFailure.objects.create(
             cluster_id=node.cluster_id,
@@ -250,7 +287,7 @@ def repairs_dispatch(*, cluster: Cluster) -> list[Repair]:
     started = []
     for repair in (
         Repair.objects.filter(cluster=cluster, state=RepairState.WAITING)
-        .select_related("node")
+        .select_related("node", "operation")
         .order_by("create_time", "id")
     ):
         in_repair = Repair.objects.filter(
@@ -263,27 +300,14 @@ def repairs_dispatch(*, cluster: Cluster) -> list[Repair]:
                 state=RepairState.RUNNING, start_time=timezone.now()
             ):
                 continue  # another dispatcher took it
-            operation = Operation.objects.create(
-                kind=OperationKind.REPAIR_NODE,
-                target=f"clusters/{cluster.cluster_id}/nodes/{repair.node.name}",
-                cluster=cluster,
-                params={"repair_id": repair.pk},
-                status_message=f"{repair.action} queued",
-                owner=repair.requested_by,
-            )
-            Repair.objects.filter(pk=repair.pk).update(operation=operation)
             if repair.failure_id:
                 NodeFailure.objects.filter(pk=repair.failure_id).update(
                     state=FailureState.REPAIRING
                 )
-            _enqueue(operation)
+            Operation.objects.filter(pk=repair.operation_id).update(
+                status_message=f"{repair.action} starting"
+            )
+            _enqueue(repair.operation)
         node_health_refresh(repair.node)
         started.append(repair)
     return started
-
-
-def repairs_summary(cluster: Cluster) -> dict[str, int]:
-    counts = dict.fromkeys(RepairState.values, 0)
-    for state in Repair.objects.filter(cluster=cluster).values_list("state", flat=True):
-        counts[state] += 1
-    return counts

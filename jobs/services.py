@@ -158,3 +158,21 @@ def job_control(*, job: Job, action: str, actor) -> Job:
     if fresh is not None:
         apply_queue_job(job, fresh, now=now, cause=f"after {action}")
     return job
+
+
+def jobs_release_requeued(*, cluster: Cluster) -> int:
+    """Slurm holds a requeued job back for about two minutes (reason BeginTime); mtc
+    starts its requeued jobs again at once so they resume within seconds."""
+    held = list(
+        Job.objects.filter(
+            cluster=cluster,
+            state=JobState.PENDING,
+            reason="BeginTime",
+            requeue_count__gt=0,
+        ).values_list("job_id", flat=True)
+    )
+    if held:
+        client = get_provider(cluster.provider).slurm(cluster)
+        for job_id in held:
+            client.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+    return len(held)

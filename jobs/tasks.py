@@ -6,6 +6,7 @@ from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 
 from .recipes.metrics import recipe_jobs_ingest
+from .services import jobs_release_requeued
 from .sync import jobs_sync
 
 
@@ -17,4 +18,5 @@ def jobs_poll_all() -> int:
         stats = jobs_sync(cluster=cluster)
         changed += stats["created"] + stats["updated"] + stats["gone"]
         changed += recipe_jobs_ingest(cluster)
+        jobs_release_requeued(cluster=cluster)
     return changed

@@ -158,6 +158,7 @@ CELERY_TASK_EAGER_PROPAGATES = False
 CELERY_BEAT_SCHEDULE = {
     "nodes-poll": {"task": "clusters.tasks.nodes_poll_all", "schedule": 5.0},
     "jobs-poll": {"task": "jobs.tasks.jobs_poll_all", "schedule": 3.0},
+    "health-poll": {"task": "health.tasks.health_poll_all", "schedule": 2.0},
     "clusters-reconcile": {"task": "clusters.tasks.clusters_reconcile_all", "schedule": 10.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
@@ -165,6 +166,11 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 # Local provider limits (one host runs every node's slurmd).
 MTC_LOCAL_MAX_NODES_PER_CLUSTER = int(os.environ.get("MTC_LOCAL_MAX_NODES", "64"))
 MTC_LOCAL_PORT_RANGE = (17000, 29999)
+# Each emulated node's scratch capacity (its files count against it; the host's disk
+# is shared), and whether each node runs its health agent as a daemon.
+MTC_LOCAL_SCRATCH_GB = float(os.environ.get("MTC_LOCAL_SCRATCH_GB", "4"))
+MTC_LOCAL_NODE_AGENTS = os.environ.get("MTC_LOCAL_NODE_AGENTS", "1") == "1"
+MTC_AGENT_INTERVAL_S = float(os.environ.get("MTC_AGENT_INTERVAL_S", "10"))
 # Seconds to pause at each Operation step: slow motion for demos and for the test
 # that kills a worker in the middle of a create.
 MTC_OPERATION_STEP_DELAY = float(os.environ.get("MTC_OPERATION_STEP_DELAY", "0"))

@@ -7,6 +7,7 @@ from . import probes
 api_v1 = [
     path("", include("clusters.api.urls")),
     path("", include("jobs.api.urls")),
+    path("", include("health.api.urls")),
     re_path(r"^.*$", probes.api_not_found),  # JSON, not the HTML 404 page
 ]
 
@@ -20,5 +21,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("vendor/plotly.min.js", probes.plotly_js, name="plotly-js"),
     path("", include("jobs.urls")),
+    path("", include("health.urls")),
     path("", include("clusters.urls")),
 ]

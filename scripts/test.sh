@@ -8,6 +8,9 @@ PY=.venv/bin/python
 TEST_TMP=$(mktemp -d /tmp/mtc-test.XXXXXX)
 export MTC_DATA_DIR="$TEST_TMP/data"
 export MTC_CELERY_EAGER=1
+# Tests run node checks on demand; agent daemons on every test node would only
+# compete for the two cores.
+export MTC_LOCAL_NODE_AGENTS=0
 mkdir -p "$MTC_DATA_DIR"
 REDIS_PORT=$($PY -c 'from mtc.devstack import free_port; print(free_port())')
 export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"

@@ -338,3 +338,121 @@
     if (input && target.classList.contains("has-error")) input.focus({ preventScroll: true });
   });
 })();
+
+// Node health pages: the repair form's confirmation names the chosen action, the
+// repair queue's cluster filter applies on change, and the node page's charts (speed
+// check and per-GPU telemetry over its recent reports) are drawn with the locally
+// served plotly.js from the JSON the page carries (#node-series).
+(function () {
+  "use strict";
+
+  // Runs before the generic data-confirm handler (capture phase).
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!form.matches || !form.matches("form[data-confirm-template]")) return;
+    var select = form.querySelector("select[data-repair-action]");
+    if (!select || select.selectedIndex < 0) return;
+    var label = select.options[select.selectedIndex].text.replace(/\s*\(.*\)$/, "");
+    form.setAttribute("data-confirm", form.getAttribute("data-confirm-template").replace("{ACTION}", label));
+  }, true);
+
+  document.addEventListener("change", function (event) {
+    if (event.target.matches && event.target.matches("select[data-autosubmit]")) {
+      event.target.form.submit();
+    }
+  });
+
+  var FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif';
+  var PALETTE = ["#2457d6", "#15803d", "#a15c07", "#b42318", "#6b3fb8", "#0e7490", "#be185d", "#4d7c0f"];
+  var METRICS = {
+    gflops: { label: "GFLOP/s", format: ",.3f" },
+    temperature_c: { label: "°C", format: ",.0f" },
+    power_w: { label: "W", format: ",.0f" },
+    utilization_pct: { label: "%", format: ",.0f" },
+    memory_used_mib: { label: "MiB", format: ",.0f" },
+  };
+
+  function traces(key, series) {
+    if (key === "gflops") {
+      var n = series.speed.time.length;
+      return [{
+        x: series.speed.time, y: series.speed.gflops, type: "scatter", name: "speed",
+        mode: n < 3 ? "lines+markers" : "lines", line: { color: PALETTE[0], width: 2 },
+        marker: { size: 5, color: PALETTE[0] }, fill: "tozeroy", fillcolor: PALETTE[0] + "14",
+        hovertemplate: "%{x|%H:%M:%S}<br><b>%{y:" + METRICS.gflops.format + "}</b> GFLOP/s<extra></extra>",
+      }];
+    }
+    return series.gpus.map(function (gpu, i) {
+      var color = PALETTE[i % PALETTE.length];
+      return {
+        x: gpu.time, y: gpu[key], type: "scatter", name: "GPU " + gpu.index,
+        mode: gpu.time.length < 3 ? "lines+markers" : "lines", line: { color: color, width: 1.6 },
+        marker: { size: 4, color: color }, connectgaps: false,
+        hovertemplate: "GPU " + gpu.index + " <b>%{y:" + METRICS[key].format + "}</b> " +
+          METRICS[key].label + "<extra></extra>",
+      };
+    });
+  }
+
+  function allZero(data) {
+    return data.every(function (t) {
+      return t.y.every(function (v) { return v === null || v === 0; });
+    });
+  }
+
+  function layout(key, data, emulated) {
+    var flat = allZero(data);
+    var annotations = [];
+    if (flat && key !== "gflops") {
+      annotations.push({
+        xref: "paper", yref: "paper", x: 0.5, y: 0.55, showarrow: false,
+        text: emulated ? "emulated GPUs report zeros" : "all zero",
+        font: { size: 12, color: "#6b3fb8" },
+      });
+    }
+    return {
+      height: 200,
+      margin: { l: 52, r: 10, t: 10, b: 30 },
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "rgba(0,0,0,0)",
+      font: { family: FONT, size: 11, color: "#5f6b7a" },
+      xaxis: { type: "date", gridcolor: "#edf0f4", linecolor: "#cfd6e0", zeroline: false, tickformat: "%H:%M" },
+      yaxis: {
+        gridcolor: "#edf0f4", zeroline: false, rangemode: "tozero", fixedrange: true, automargin: true,
+        range: flat ? [0, 1] : undefined, tickformat: key === "memory_used_mib" && !flat ? "~s" : "",
+      },
+      hovermode: "x unified",
+      hoverlabel: { bgcolor: "#111a2b", bordercolor: "#111a2b", font: { family: FONT, size: 12, color: "#fff" } },
+      showlegend: !flat && key !== "gflops" && data.length > 1 && data.length <= 8,
+      legend: { orientation: "h", y: -0.22, x: 0, font: { size: 10.5 } },
+      annotations: annotations,
+    };
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var box = document.getElementById("node-charts");
+    var source = document.getElementById("node-series");
+    if (!box || !source) return;
+    if (!window.Plotly) {
+      var note = box.querySelector("[data-chart-empty]");
+      if (note) {
+        note.textContent = "The charts could not be drawn: plotly.js did not load.";
+        note.hidden = false;
+      }
+      return;
+    }
+    var series = JSON.parse(source.textContent) || { speed: { time: [], gflops: [] }, gpus: [] };
+    var emulated = box.getAttribute("data-emulated") === "1";
+    box.querySelectorAll("[data-node-chart]").forEach(function (el) {
+      var key = el.getAttribute("data-node-chart");
+      if (!METRICS[key]) return;
+      var data = traces(key, series);
+      if (data.length > 8) {
+        // Many GPUs: keep the legend off and the lines thin.
+        data.forEach(function (t) { t.line.width = 1.2; });
+      }
+      window.Plotly.newPlot(el, data, layout(key, data, emulated), { displayModeBar: false, responsive: true });
+    });
+    box.setAttribute("data-charts-ready", "1");
+  });
+})();

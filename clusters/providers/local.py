@@ -25,6 +25,7 @@ from jobs.slurm import SlurmClient, SlurmError
 from .. import slurm_config
 from . import procs
 from .base import Provider, ProviderError
+from .local_nodes import HARDWARE_FAULTS, LocalNodes
 
 if TYPE_CHECKING:
     from clusters.models import Cluster, Node
@@ -40,7 +41,7 @@ def host_gpu_devices() -> list[str]:
     return sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
 
 
-class LocalProvider(Provider):
+class LocalProvider(LocalNodes, Provider):
     name = "local"
 
     def __init__(self) -> None:
@@ -235,6 +236,8 @@ class LocalProvider(Provider):
         for node in nodes:
             for sub in ("spool", "scratch"):
                 (self.node_dir(cluster, node.name) / sub).mkdir(parents=True, exist_ok=True)
+            if not (self.node_dir(cluster, node.name) / "agent.json").exists():
+                self.node_setup(cluster, node)
         self._ensure_munged(cluster)
         changed = self._render(cluster, nodes)
         ctld = self._slurmctld_pid(cluster)
@@ -250,16 +253,9 @@ class LocalProvider(Provider):
                 self.slurm(cluster).reconfigure()  # running slurmds re-read the config
         for node in nodes:
             if not self._slurmd_pid(cluster, node.name):
-                self._spawn(
-                    cluster,
-                    [
-                        "slurmd",
-                        "-f",
-                        str(self.conf_path(cluster)),
-                        "-N",
-                        node.name,
-                    ],
-                )
+                self._start_slurmd(cluster, node)
+            if settings.MTC_LOCAL_NODE_AGENTS:
+                self.start_node_agent(cluster, node, interval=settings.MTC_AGENT_INTERVAL_S)
 
     def wait_ready(self, cluster: Cluster, names: list[str], *, timeout: float = 60) -> None:
         client = self.slurm(cluster)
@@ -299,7 +295,7 @@ class LocalProvider(Provider):
 
     def delete_nodes(self, cluster: Cluster, nodes: list[Node]) -> None:
         for node in nodes:
-            self._stop_pid(self._slurmd_pid(cluster, node.name))
+            self._power_off(cluster, node)
             shutil.rmtree(self.node_dir(cluster, node.name), ignore_errors=True)
             (self.root(cluster) / "run" / f"slurmd-{node.name}.pid").unlink(missing_ok=True)
 
@@ -335,21 +331,54 @@ class LocalProvider(Provider):
     def node_alive(self, cluster: Cluster, name: str) -> bool:
         return self._slurmd_pid(cluster, name) is not None
 
-    def reboot_node(self, cluster: Cluster, node: Node) -> None:
-        self._stop_pid(self._slurmd_pid(cluster, node.name))
+    def _start_slurmd(self, cluster: Cluster, node: Node) -> None:
         self._spawn(cluster, ["slurmd", "-f", str(self.conf_path(cluster)), "-N", node.name])
 
-    def replace_node(self, cluster: Cluster, node: Node) -> str:
-        """Locally a new machine is a fresh slurmd with empty state under the same name."""
-        generation = int(node.provider_id.rsplit("#", 1)[-1]) + 1 if "#" in node.provider_id else 1
-        self.reimage_node(cluster, node)
-        return f"local://{cluster.cluster_id}/{node.name}#{generation}"
+    def _restart(self, cluster: Cluster, node: Node) -> None:
+        self._start_slurmd(cluster, node)
+        if settings.MTC_LOCAL_NODE_AGENTS:
+            self.start_node_agent(cluster, node, interval=settings.MTC_AGENT_INTERVAL_S)
+
+    def _power_off(self, cluster: Cluster, node: Node) -> None:
+        self._throttle_stop(cluster, node)
+        left = procs.stop(self.node_processes(cluster, node))
+        if left:
+            raise ProviderError(
+                f"processes {left} of {node.name} would not stop", code="DAEMON_STOP_FAILED"
+            )
+
+    def reboot_node(self, cluster: Cluster, node: Node) -> None:
+        """Every process of the node ends and its slurmd starts again; its disk stays,
+        and so do GPU hardware faults (a reboot clears an XID's state, not a bad GPU)."""
+        self._power_off(cluster, node)
+        self.fault_clear(cluster, node, "xid")
+        self._restart(cluster, node)
 
     def reimage_node(self, cluster: Cluster, node: Node) -> None:
-        self._stop_pid(self._slurmd_pid(cluster, node.name))
-        shutil.rmtree(self.node_dir(cluster, node.name), ignore_errors=True)
+        """A fresh disk: the node's state and scratch are wiped; hardware faults stay."""
+        self._power_off(cluster, node)
+        self._wipe(cluster, node, keep_faults=HARDWARE_FAULTS)
+        self._restart(cluster, node)
+
+    def replace_node(self, cluster: Cluster, node: Node) -> str:
+        """Locally a new machine is a fresh node directory and slurmd under the same
+        name, with none of the old machine's faults."""
+        generation = int(node.provider_id.rsplit("#", 1)[-1]) + 1 if "#" in node.provider_id else 1
+        self._power_off(cluster, node)
+        self._wipe(cluster, node, keep_faults=())
+        self._restart(cluster, node)
+        return f"local://{cluster.cluster_id}/{node.name}#{generation}"
+
+    def _wipe(self, cluster: Cluster, node: Node, *, keep_faults: tuple) -> None:
+        node_dir = self.node_dir(cluster, node.name)
+        kept = {}
+        if keep_faults and (node_dir / "faults.json").exists():
+            kept = (node_dir / "faults.json").read_text()
+        shutil.rmtree(node_dir, ignore_errors=True)
         for sub in ("spool", "scratch"):
-            (self.node_dir(cluster, node.name) / sub).mkdir(parents=True, exist_ok=True)
+            (node_dir / sub).mkdir(parents=True, exist_ok=True)
+        if kept:
+            (node_dir / "faults.json").write_text(kept)
         if node.gpus:
             self._gpu_files(cluster, node)
-        self._spawn(cluster, ["slurmd", "-f", str(self.conf_path(cluster)), "-N", node.name])
+        self.node_setup(cluster, node, keep_faults=keep_faults)

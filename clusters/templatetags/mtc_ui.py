@@ -151,3 +151,108 @@ def job_elapsed(job) -> str:
     else:
         return ""
     return slurm_duration((end - job.start_time).total_seconds())
+
+
+# --- node health and repairs ------------------------------------------------------
+# Node health (health.choices.NodeHealth) -> tone: the tiles' badge and the node page.
+HEALTH_TONES = {
+    "HEALTHY": "ok",
+    "WARNING": "warn",
+    "FAILED": "bad",
+    "REPAIRING": "info",
+    "UNKNOWN": "muted",
+}
+REPAIR_TONES = {
+    "PENDING_APPROVAL": "warn",
+    "WAITING": "muted",
+    "RUNNING": "info",
+    "SUCCEEDED": "ok",
+    "FAILED": "bad",
+    "CANCELLED": "muted",
+}
+FAILURE_TONES = {"OPEN": "bad", "REPAIRING": "info", "RESOLVED": "ok"}
+SEVERITY_TONES = {"critical": "bad", "warning": "warn"}
+# A health check's status (the agent's pass/warn/fail/skip/error).
+CHECK_TONES = {"pass": "ok", "warn": "warn", "fail": "bad", "error": "bad", "skip": "muted"}
+# A Slurm node-state group -> badge tone (the tiles use the groups' own colours).
+SLURM_GROUP_TONES = {"idle": "ok", "busy": "info", "drain": "warn", "down": "bad"}
+
+
+@register.filter
+def health_tone(health: str) -> str:
+    return HEALTH_TONES.get((health or "").upper(), "muted")
+
+
+@register.filter
+def repair_tone(state: str) -> str:
+    return REPAIR_TONES.get(state, "muted")
+
+
+@register.filter
+def failure_tone(failure) -> str:
+    """An open warning is amber, an open critical failure red."""
+    if failure.state == "OPEN" and failure.severity != "critical":
+        return "warn"
+    return FAILURE_TONES.get(failure.state, "muted")
+
+
+@register.filter
+def severity_tone(severity: str) -> str:
+    return SEVERITY_TONES.get(severity, "muted")
+
+
+@register.filter
+def check_tone(status: str) -> str:
+    return CHECK_TONES.get(status, "muted")
+
+
+@register.filter
+def slurm_tone(state: str) -> str:
+    return SLURM_GROUP_TONES.get(node_group(state), "muted")
+
+
+@register.filter
+def humanize_state(state: str) -> str:
+    """PENDING_APPROVAL -> pending approval."""
+    return (state or "").replace("_", " ").lower()
+
+
+def human_duration(seconds: float | None) -> str:
+    """12 -> 12s, 75 -> 1m 15s, 3720 -> 1h 02m, 90000 -> 1d 1h."""
+    if seconds is None:
+        return ""
+    total = max(0, int(round(seconds)))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+@register.filter
+def duration(value) -> str:
+    """A timedelta (or seconds) as 1m 15s."""
+    if value is None or value == "":
+        return ""
+    seconds = value.total_seconds() if hasattr(value, "total_seconds") else float(value)
+    return human_duration(seconds)
+
+
+@register.filter
+def ago(value) -> str:
+    """A past time as 'just now', '12 min ago', '3h 05m ago'."""
+    from django.utils import timezone
+
+    if not value:
+        return ""
+    seconds = (timezone.now() - value).total_seconds()
+    if seconds < 60:
+        return "just now"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min ago"
+    return f"{human_duration(seconds)} ago"

@@ -197,6 +197,7 @@ def sbatch_args(sub: Submission, *, output_dir: str, work_dir: str, comment: str
         f"--chdir={work_dir}",
         f"--comment={comment}",
         "--requeue" if sub.requeue else "--no-requeue",
+        "--open-mode=append",  # a requeued job adds to its output instead of erasing it
     ]
     if sub.partition:
         args.append(f"--partition={sub.partition}")

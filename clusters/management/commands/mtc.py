@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from clusters import selectors, services
 from clusters.choices import CLUSTER_LIVE_STATES, OperationState
 from clusters.demo import DEMO_SPEC
-from clusters.models import Cluster, Operation
+from clusters.models import Cluster, Node, Operation
 from clusters.providers.base import get_provider
 from clusters.spec import SpecError
 
@@ -53,6 +53,11 @@ class Command(BaseCommand):
         login.add_argument("cluster_id")
         groups.add_parser("bootstrap", help="make sure an admin superuser exists")
         groups.add_parser("demo", help="create the demo cluster when no cluster exists")
+        fault = groups.add_parser("fault", help="inject or clear a fault on a node")
+        fault.add_argument("action", choices=["inject", "clear"])
+        fault.add_argument("--cluster", required=True)
+        fault.add_argument("--node", required=True)
+        fault.add_argument("--kind", help="kill, disk, slow, ecc, xid, dcgm, sdc, gpu-missing")
         daemons = groups.add_parser("daemons", help="local cluster daemons")
         daemons.add_argument("action", choices=["stop"])
 
@@ -200,6 +205,27 @@ class Command(BaseCommand):
             f"mtc: creating the demo cluster (operation {operation.pk}); "
             f"SLURM_CONF={get_provider('local').conf_path(operation.cluster)} sinfo"
         )
+
+    def fault(self, opts) -> None:
+        from health.faults import FaultError, fault_clear, fault_inject
+
+        node = (
+            Node.objects.select_related("cluster")
+            .filter(cluster__cluster_id=opts["cluster"], name=opts["node"])
+            .first()
+        )
+        if node is None:
+            raise CommandError(f"No node '{opts['node']}' in cluster '{opts['cluster']}'.")
+        try:
+            if opts["action"] == "inject":
+                if not opts["kind"]:
+                    raise CommandError("--kind is required to inject a fault.")
+                result = fault_inject(node=node, kind=opts["kind"])
+            else:
+                result = fault_clear(node=node, kind=opts["kind"])
+        except FaultError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(json.dumps(result))
 
     def daemons(self, opts) -> None:
         provider = get_provider("local")

@@ -1,0 +1,83 @@
+"""Throttle one emulated node's CPU for the `slow` fault: stop and continue its
+processes (its slurmd, its job tasks and its agent) on a duty cycle. Stdlib only.
+
+    python3 throttle.py --node NAME --pidfile SLURMD_PID_FILE [--duty 0.7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+PERIOD_S = 0.2
+
+
+def node_pids(node: str, pidfile: str) -> set[int]:
+    """The node's slurmd and every process that says it runs on the node (of this
+    cluster: its SLURM_CONF, next to the pid file's run/ directory, must match too)."""
+    pids: set[int] = set()
+    try:
+        with open(pidfile) as fh:
+            pids.add(int(fh.read().strip()))
+    except (OSError, ValueError):
+        pass
+    needles = (f"SLURMD_NODENAME={node}\0".encode(), f"MTC_NODE={node}\0".encode())
+    conf = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(pidfile))), "etc", "slurm.conf"
+    )
+    same_cluster = f"SLURM_CONF={conf}\0".encode()
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                environ = fh.read() + b"\0"
+        except OSError:
+            continue
+        if same_cluster in environ and any(needle in environ for needle in needles):
+            pids.add(int(entry))
+    return pids
+
+
+def _signal(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--pidfile", required=True)
+    parser.add_argument("--duty", type=float, default=0.7, help="share of time stopped")
+    args = parser.parse_args()
+    running = True
+
+    def stop(signum, frame):
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    pids: set[int] = set()
+    scanned = 0.0
+    try:
+        while running:
+            if time.monotonic() - scanned > 1.0:
+                pids = node_pids(args.node, args.pidfile)
+                scanned = time.monotonic()
+            _signal(pids, signal.SIGSTOP)
+            time.sleep(PERIOD_S * args.duty)
+            _signal(pids, signal.SIGCONT)
+            time.sleep(PERIOD_S * (1 - args.duty))
+    finally:
+        _signal(pids, signal.SIGCONT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Node health in the API: health, faults, repairs, and agents' reports."""
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.permissions import AllowAny, IsAdminUser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from clusters.api.serializers import OperationSerializer
+from clusters.models import Node
+from mtc.api.errors import ApiError
+
+from .. import services
+from ..faults import FaultError, fault_clear, fault_inject
+from ..models import HealthReport, NodeFailure, Repair
+from ..policy import mode_for
+
+
+def _node(cluster_id: str, node_name: str) -> Node:
+    return get_object_or_404(
+        Node.objects.select_related("cluster", "pool"),
+        cluster__cluster_id=cluster_id,
+        name=node_name,
+    )
+
+
+def repair_data(repair: Repair) -> dict:
+    return {
+        "id": repair.pk,
+        "node": repair.node.name,
+        "action": repair.action,
+        "state": repair.state,
+        "attempt": repair.attempt,
+        "message": repair.message,
+        "mode": repair.failure.mode if repair.failure else None,
+        "operation": str(repair.operation_id) if repair.operation_id else None,
+        "jobs_requeued": repair.jobs_requeued,
+        "requested_by": repair.requested_by.username if repair.requested_by else None,
+        "approved_by": repair.approved_by.username if repair.approved_by else None,
+        "create_time": repair.create_time,
+        "start_time": repair.start_time,
+        "end_time": repair.end_time,
+    }
+
+
+class NodeHealthView(APIView):
+    @extend_schema(responses={200: {"type": "object"}})
+    def get(self, request, cluster_id, node):
+        node = _node(cluster_id, node)
+        report = HealthReport.objects.filter(node=node, source="agent").first()
+        failures = NodeFailure.objects.filter(node=node)[:50]
+        repairs = Repair.objects.filter(node=node).select_related(
+            "failure", "requested_by", "approved_by", "node"
+        )[:50]
+        return Response(
+            {
+                "node": node.name,
+                "health": node.health,
+                "message": node.health_message,
+                "slurm_state": node.slurm_state,
+                "last_report_time": node.last_report_time,
+                "checks": report.checks if report else [],
+                "failures": [
+                    {
+                        "mode": f.mode,
+                        "severity": f.severity,
+                        "state": f.state,
+                        "meaning": mode_for(f.mode).meaning,
+                        "message": f.message,
+                        "first_seen": f.first_seen,
+                        "last_seen": f.last_seen,
+                        "repair_attempts": f.repair_attempts,
+                        "resolved_time": f.resolved_time,
+                    }
+                    for f in failures
+                ],
+                "repairs": [repair_data(r) for r in repairs],
+            }
+        )
+
+
+class NodeFaultsView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request={"application/json": {"type": "object"}},
+        responses={202: {"type": "object"}},
+        description='Inject a fault: {"kind": "kill"|"disk"|"slow"|"ecc"|"xid"|'
+        '"dcgm"|"sdc"|"gpu-missing", ...kind parameters}.',
+    )
+    def post(self, request, cluster_id, node):
+        node = _node(cluster_id, node)
+        body = request.data if isinstance(request.data, dict) else {}
+        kind = body.get("kind")
+        params = {k: v for k, v in body.items() if k != "kind"}
+        try:
+            result = fault_inject(node=node, kind=str(kind), params=params)
+        except (FaultError, TypeError, ValueError) as exc:
+            raise ApiError(
+                code="INVALID_ARGUMENT", message=str(exc), fields={"kind": str(exc)}
+            ) from exc
+        return Response(result, status=status.HTTP_202_ACCEPTED)
+
+    def delete(self, request, cluster_id, node):
+        node = _node(cluster_id, node)
+        try:
+            result = fault_clear(node=node, kind=request.query_params.get("kind"))
+        except FaultError as exc:
+            raise ApiError(
+                code="INVALID_ARGUMENT", message=str(exc), fields={"kind": str(exc)}
+            ) from exc
+        return Response(result, status=status.HTTP_202_ACCEPTED)
+
+
+class NodeRepairView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        request={"application/json": {"type": "object"}}, responses={202: OperationSerializer}
+    )
+    def post(self, request, cluster_id, node):
+        node = _node(cluster_id, node)
+        action = request.data.get("action") if isinstance(request.data, dict) else None
+        if action not in ("reboot", "reimage", "replace"):
+            raise ApiError(
+                code="INVALID_ARGUMENT",
+                message="action must be reboot, reimage or replace.",
+                fields={"action": "Must be reboot, reimage or replace."},
+            )
+        try:
+            repair = services.repair_request(node=node, action=action, requested_by=request.user)
+        except services.RepairConflict as exc:
+            raise ApiError(
+                code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
+            ) from exc
+        return Response(OperationSerializer(repair.operation).data, status=status.HTTP_202_ACCEPTED)
+
+
+class RepairApproveView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(request=None, responses={202: {"type": "object"}})
+    def post(self, request, repair_id):
+        repair = get_object_or_404(
+            Repair.objects.select_related(
+                "node", "cluster", "failure", "requested_by", "approved_by"
+            ),
+            pk=repair_id,
+        )
+        try:
+            repair = services.repair_approve(repair=repair, approved_by=request.user)
+        except services.RepairConflict as exc:
+            raise ApiError(
+                code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
+            ) from exc
+        return Response(repair_data(repair), status=status.HTTP_202_ACCEPTED)
+
+
+class RepairListView(APIView):
+    permission_classes = [IsAdminUser]
+
+    def get(self, request):
+        qs = Repair.objects.select_related("node", "failure", "requested_by", "approved_by")
+        if request.query_params.get("cluster"):
+            qs = qs.filter(cluster__cluster_id=request.query_params["cluster"])
+        if request.query_params.get("state"):
+            qs = qs.filter(state=request.query_params["state"])
+        results = [repair_data(r) for r in qs[:200]]
+        return Response({"count": len(results), "results": results})
+
+
+class AgentReportView(APIView):
+    """A node agent's report, authenticated by the node's own token (not a user)."""
+
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        request={"application/json": {"type": "object"}}, responses={202: {"type": "object"}}
+    )
+    def post(self, request, cluster_id, node):
+        node = _node(cluster_id, node)
+        header = request.headers.get("Authorization", "")
+        token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+        if not token or not services.node_token_valid(node, token):
+            raise ApiError(
+                code="UNAUTHENTICATED",
+                message="A valid node token is required.",
+                status_code=status.HTTP_401_UNAUTHORIZED,
+            )
+        if not isinstance(request.data, dict) or request.data.get("node") != node.name:
+            raise ApiError(
+                code="INVALID_ARGUMENT",
+                message="The report must be a JSON object for this node.",
+                fields={"node": "Must be this node's name."},
+            )
+        report = services.report_ingest(node=node, report=request.data)
+        return Response(
+            {"accepted": True, "ok": report.ok, "findings": [f["code"] for f in report.findings]},
+            status=status.HTTP_202_ACCEPTED,
+        )

@@ -1,0 +1,82 @@
+"""The health half of the poller: agents' reports read in, controller-side checks,
+and waiting repairs started."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+
+from clusters.choices import NodeLifecycle
+from clusters.models import Cluster
+from clusters.providers.base import get_provider
+
+from .choices import RepairState
+from .models import Repair
+from .services import failures_update, repairs_dispatch, report_ingest
+
+log = logging.getLogger(__name__)
+UNRESPONSIVE_STATES = ("DOWN", "NOT_RESPONDING")
+
+
+def _agent_files(cluster: Cluster, provider, nodes) -> int:
+    """Reports the node agents wrote since the last poll (health.json in each node dir)."""
+    if not hasattr(provider, "node_dir"):
+        return 0
+    ingested = 0
+    for node in nodes:
+        path: Path = provider.node_dir(cluster, node.name) / "health.json"
+        try:
+            mtime = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
+        except OSError:
+            continue
+        if node.last_report_time and mtime <= node.last_report_time:
+            continue
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        report["time"] = mtime.timestamp()
+        report_ingest(node=node, report=report)
+        ingested += 1
+    return ingested
+
+
+def cluster_health_poll(cluster: Cluster) -> dict[str, int]:
+    provider = get_provider(cluster.provider)
+    nodes = list(cluster.nodes.filter(lifecycle=NodeLifecycle.ACTIVE).select_related("pool"))
+    ingested = _agent_files(cluster, provider, nodes)
+    in_repair = set(
+        Repair.objects.filter(cluster=cluster, state=RepairState.RUNNING).values_list(
+            "node_id", flat=True
+        )
+    )
+    dead = {n.pk for n in provider.dead_nodes(cluster, nodes)}
+    flagged = 0
+    for node in nodes:
+        if node.pk in in_repair:
+            continue
+        state = node.slurm_state
+        if node.pk in dead:
+            message = "slurmd is not running"
+        elif state.startswith("DOWN") or state.endswith("*"):
+            message = f"Slurm reports the node {state}"
+        else:
+            continue
+        failures_update(
+            node=node,
+            source="controller",
+            findings=[
+                {
+                    "code": "NODE_UNRESPONSIVE",
+                    "severity": "critical",
+                    "message": message,
+                    "check": "controller",
+                    "gpu": None,
+                }
+            ],
+        )
+        flagged += 1
+    repairs_dispatch(cluster=cluster)
+    return {"ingested": ingested, "unresponsive": flagged}
