@@ -118,3 +118,4 @@ def next_action(code: str, attempts_done: int) -> str | None:
 
 # A node far below its pool's median speed (the speed check) is SLOW.
 SLOW_FRACTION = 0.6
+SLOW_ROUNDS = 2  # consecutive slow reports before a node is SLOW

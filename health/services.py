@@ -25,7 +25,7 @@ from .choices import (
     Severity,
 )
 from .models import HealthReport, NodeFailure, Repair
-from .policy import SLOW_FRACTION, mode_for, next_action
+from .policy import SLOW_FRACTION, SLOW_ROUNDS, mode_for, next_action
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,15 @@ def _speed_findings(node: Node, checks: list[dict]) -> list[dict]:
     mine = next((c for c in checks if c.get("name") == "speed"), None)
     gflops = (mine or {}).get("details", {}).get("gflops")
     median = _pool_median_speed(node)
-    if gflops and median and float(gflops) < SLOW_FRACTION * median:
+    if not (gflops and median and float(gflops) < SLOW_FRACTION * median):
+        return []
+    # One slow round can be a busy host; SLOW_NODE needs the round before too.
+    earlier = node.health_reports.filter(source="agent").only("checks")[1:SLOW_ROUNDS]
+    for report in earlier:
+        speed = next((c for c in report.checks if c.get("name") == "speed"), {})
+        if not float(speed.get("details", {}).get("gflops") or 0) < SLOW_FRACTION * median:
+            return []
+    if len(earlier) == SLOW_ROUNDS - 1:
         return [
             {
                 "code": "SLOW_NODE",
