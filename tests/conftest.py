@@ -89,3 +89,31 @@ def sinfo_json(cluster_id: str) -> dict[str, str]:
         state = node["state"]
         states[node["name"]] = (state if isinstance(state, str) else "+".join(state)).lower()
     return states
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    # Without these Chromium keeps reaching for Google's hosts on a closed network.
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def browser():
+    """Debian's Chromium, headless, driven by Playwright (never a downloaded browser)."""
+    from pathlib import Path
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed")
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # ORM calls beside Playwright
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

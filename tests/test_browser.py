@@ -16,37 +16,15 @@ import pytest
 # the test itself (set-up, clean-up) are still plain synchronous code.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
 
 from clusters import services  # noqa: E402
 from clusters.models import Cluster, Operation  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slurm]
 
-CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/ui-shots")
 PASSWORD = "browser-pw-1"
-
-
-@pytest.fixture
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed")
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 # the test itself (set-up, the poller's sync) are still plain synchronous code.
 os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
 
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
 
 from clusters import services as cluster_services  # noqa: E402
 from clusters.models import Cluster  # noqa: E402
@@ -29,31 +29,9 @@ from .conftest import make_spec  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.slurm]
 
-CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/ui-shots")
 NODE_NAMES = "#!/bin/bash\nsrun bash -c 'echo node=$SLURMD_NODENAME'\n"
 HOSTILE = "<script>alert(1)</script>"
-
-
-@pytest.fixture
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed")
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield chromium
-        chromium.close()
 
 
 def poll_until(page, cluster: Cluster, check, timeout: float = 40) -> None:

@@ -19,7 +19,7 @@ from clusters.templatetags.mtc_ui import health_tone, human_duration
 from health import services
 from health.models import HealthReport, NodeFailure, Repair
 
-from .conftest import make_spec
+from .conftest import CHROMIUM, CHROMIUM_ARGS, make_spec
 
 pytestmark = pytest.mark.django_db
 
@@ -623,18 +623,7 @@ def test_node_page_and_repair_queue_in_the_browser(live_server, transactional_db
     shots.mkdir(parents=True, exist_ok=True)
 
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1360, "height": 900})
             page.set_default_timeout(20_000)

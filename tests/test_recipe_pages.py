@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html as html_lib
 import json
-import os
 import re
 from pathlib import Path
 
@@ -553,32 +552,7 @@ def test_users_see_only_their_own_recipe_jobs(user_client, operator, cluster):
 
 
 # --- in the browser ------------------------------------------------------------------------
-CHROMIUM = "/usr/bin/chromium"
 SHOTS = Path("/tmp/ui-shots")
-
-
-@pytest.fixture
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed")
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # ORM calls beside Playwright
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield chromium
-        chromium.close()
 
 
 @pytest.mark.browser
