@@ -7,15 +7,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusters.models import Cluster
-from jobs.slurm import SlurmError
 from mtc.api.errors import ApiError
 
-from .. import services
 from ..models import JobMetric
 from ..recipes.catalog import RECIPES
-from ..recipes.launch import LaunchError, recipe_launch, recipe_plan
+from ..recipes.launch import recipe_launch, recipe_plan
 from .serializers import JobSerializer
-from .views import ClusterJobsMixin, slurm_error
+from .views import ClusterJobsMixin, job_errors
 
 
 class RecipeListView(APIView):
@@ -45,7 +43,7 @@ class RecipeLaunchView(APIView):
                 message=f"No recipe '{recipe}'.",
                 status_code=status.HTTP_404_NOT_FOUND,
             )
-        try:
+        with job_errors("Invalid launch"):
             if dry_run:
                 plan = recipe_plan(cluster=cluster, recipe_id=recipe, body=body)
                 return Response(
@@ -57,16 +55,6 @@ class RecipeLaunchView(APIView):
                     }
                 )
             job = recipe_launch(cluster=cluster, recipe_id=recipe, body=body, owner=request.user)
-        except LaunchError as exc:
-            raise ApiError(
-                code="INVALID_ARGUMENT", message=f"Invalid launch: {exc}", fields=exc.fields
-            ) from exc
-        except services.JobConflict as exc:
-            raise ApiError(
-                code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
-            ) from exc
-        except SlurmError as exc:
-            raise slurm_error(exc) from exc
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
 

@@ -1,3 +1,5 @@
+from contextlib import contextmanager
+
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -13,6 +15,7 @@ from mtc.api.errors import ApiError
 from .. import selectors, services
 from ..filtersets import JobFilterSet
 from ..models import Job
+from ..recipes.launch import LaunchError
 from .serializers import (
     JobDetailSerializer,
     JobOutputSerializer,
@@ -29,6 +32,23 @@ def slurm_error(exc: SlurmError) -> ApiError:
         message=f"Slurm is not answering: {exc}",
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
     )
+
+
+@contextmanager
+def job_errors(invalid: str = "Invalid job"):
+    """The API's answer to what submitting or controlling a job can raise."""
+    try:
+        yield
+    except (SubmissionError, LaunchError) as exc:
+        raise ApiError(
+            code="INVALID_ARGUMENT", message=f"{invalid}: {exc}", fields=exc.fields
+        ) from exc
+    except services.JobConflict as exc:
+        raise ApiError(
+            code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
+        ) from exc
+    except SlurmError as exc:
+        raise slurm_error(exc) from exc
 
 
 class ClusterJobsMixin:
@@ -63,19 +83,9 @@ class JobListView(ClusterJobsMixin, GenericAPIView):
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
     def post(self, request, cluster_id):
         cluster = self.cluster()
-        try:
+        with job_errors():
             submission = services.job_validate(cluster=cluster, data=request.data)
             job = services.job_submit(cluster=cluster, owner=request.user, submission=submission)
-        except SubmissionError as exc:
-            raise ApiError(
-                code="INVALID_ARGUMENT", message=f"Invalid job: {exc}", fields=exc.fields
-            ) from exc
-        except services.JobConflict as exc:
-            raise ApiError(
-                code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
-            ) from exc
-        except SlurmError as exc:
-            raise slurm_error(exc) from exc
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
 
@@ -93,14 +103,8 @@ class JobActionView(ClusterJobsMixin, GenericAPIView):
     @extend_schema(request=None, responses={202: JobSerializer})
     def post(self, request, cluster_id, job_id):
         job = self.job()
-        try:
+        with job_errors():
             job = services.job_control(job=job, action=self.action_name, actor=request.user)
-        except services.JobConflict as exc:
-            raise ApiError(
-                code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
-            ) from exc
-        except SlurmError as exc:
-            raise slurm_error(exc) from exc
         return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 
