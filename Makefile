@@ -22,6 +22,7 @@ bench: setup
 	$(VENV)/bin/python bench/cluster_ready.py
 
 stop-clusters: setup ## stop every local cluster's daemons (files stay; `make run` restarts them)
+	$(VENV)/bin/python manage.py migrate --noinput -v0
 	$(VENV)/bin/python manage.py mtc daemons stop
 
 clean:
