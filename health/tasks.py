@@ -14,3 +14,10 @@ def health_poll_all() -> int:
     for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES):
         flagged += cluster_health_poll(cluster)["unresponsive"]
     return flagged
+
+
+@shared_task(ignore_result=True)
+def health_reports_prune() -> int:
+    from .services import reports_prune
+
+    return reports_prune()

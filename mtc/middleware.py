@@ -6,6 +6,7 @@ from django.contrib.auth.views import redirect_to_login
 OPEN_PREFIXES = (
     "/healthz",
     "/readyz",
+    "/metrics",  # authenticates itself (API token), like the API
     "/api/v1/",
     "/api/schema/",
     "/accounts/",

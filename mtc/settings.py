@@ -159,6 +159,7 @@ CELERY_BEAT_SCHEDULE = {
     "nodes-poll": {"task": "clusters.tasks.nodes_poll_all", "schedule": 5.0},
     "jobs-poll": {"task": "jobs.tasks.jobs_poll_all", "schedule": 3.0},
     "health-poll": {"task": "health.tasks.health_poll_all", "schedule": 2.0},
+    "health-reports-prune": {"task": "health.tasks.health_reports_prune", "schedule": 600.0},
     "clusters-reconcile": {"task": "clusters.tasks.clusters_reconcile_all", "schedule": 10.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")

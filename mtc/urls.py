@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from health.prometheus import MetricsView
+
 from . import probes
 
 api_v1 = [
@@ -14,6 +16,7 @@ api_v1 = [
 urlpatterns = [
     path("healthz", probes.healthz, name="healthz"),
     path("readyz", probes.readyz, name="readyz"),
+    path("metrics", MetricsView.as_view(), name="prometheus-metrics"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(api_v1)),
