@@ -26,6 +26,16 @@ GPU_GAUGES = (
 )
 
 
+# Host figures from the agent's host check (/proc).
+HOST_GAUGES = (
+    ("mtc_node_cpu_utilization_ratio", "CPU busy share of the host", "cpu_util_pct", 0.01),
+    ("mtc_node_load1", "1-minute load average", "load1", 1),
+    ("mtc_node_memory_available_bytes", "Memory available", "mem_available_mib", 2**20),
+    ("mtc_node_network_receive_bytes_total", "Bytes received (all but lo)", "net_rx_bytes", 1),
+    ("mtc_node_network_transmit_bytes_total", "Bytes sent (all but lo)", "net_tx_bytes", 1),
+)
+
+
 def _label(value) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -89,10 +99,15 @@ def render() -> str:
         .only("checks", "node__name", "node__gpus_emulated", "node__cluster__cluster_id")
     )
     speed_lines, gpu_lines = [], {name: [] for name, *_ in GPU_GAUGES}
+    host_lines = {name: [] for name, *_ in HOST_GAUGES}
     for report in reports:
         base = {"cluster": report.node.cluster.cluster_id, "node": report.node.name}
         for check in report.checks:
             details = check.get("details") or {}
+            if check.get("name") == "host":
+                for name, _text, key, scale in HOST_GAUGES:
+                    if details.get(key) is not None:
+                        host_lines[name].append(_line(name, base, details[key] * scale))
             if check.get("name") == "speed" and details.get("gflops"):
                 speed_lines.append(_line("mtc_node_speed_gflops", base, details["gflops"]))
             if check.get("name") == "gpu":
@@ -110,6 +125,9 @@ def render() -> str:
     for name, text, _key, _scale in GPU_GAUGES:
         family(name, "gauge", f"{text} (emulated GPUs report zeros)")
         out += gpu_lines[name]
+    for name, text, _key, _scale in HOST_GAUGES:
+        family(name, "gauge" if "total" not in name else "counter", text)
+        out += host_lines[name]
     return "\n".join(out) + "\n"
 
 

@@ -18,7 +18,7 @@ from health.agent.shim import inject, install
 
 AGENT_DIR = Path(__file__).resolve().parents[1] / "health" / "agent"
 AGENT = AGENT_DIR / "mtc_agent.py"
-CHECKS = ["disk", "gpu", "ecc", "xid", "dcgm", "speed", "correctness"]
+CHECKS = ["disk", "gpu", "ecc", "xid", "dcgm", "speed", "correctness", "host"]
 
 
 def _find_python38() -> str | None:

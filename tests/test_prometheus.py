@@ -37,6 +37,16 @@ def _cluster_with_reports(n_nodes: int) -> Cluster:
             checks=[
                 {"name": "speed", "details": {"gflops": 1.5}},
                 {
+                    "name": "host",
+                    "details": {
+                        "cpu_util_pct": 25.0,
+                        "load1": 0.5,
+                        "mem_available_mib": 1024,
+                        "net_rx_bytes": 10,
+                        "net_tx_bytes": 20,
+                    },
+                },
+                {
                     "name": "gpu",
                     "details": {
                         "telemetry": [
@@ -71,6 +81,8 @@ def test_needs_a_token_and_reports_the_fleet(operator_api, django_assert_max_num
         'mtc_gpu_memory_used_bytes{cluster="pm2",node="pm-2-0",gpu="1",emulated="true"} 1.04858e+06'
     ) in text
     assert "# TYPE mtc_gpu_temperature_celsius gauge" in text
+    assert 'mtc_node_cpu_utilization_ratio{cluster="pm2",node="pm-2-0"} 0.25' in text
+    assert "# TYPE mtc_node_network_receive_bytes_total counter" in text
 
 
 def test_query_count_does_not_grow_with_nodes(operator_api, django_assert_max_num_queries):

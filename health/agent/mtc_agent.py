@@ -46,7 +46,7 @@ import urllib.parse
 import urllib.request
 
 AGENT_VERSION = 1
-CHECK_NAMES = ("disk", "gpu", "ecc", "xid", "dcgm", "speed", "correctness")
+CHECK_NAMES = ("disk", "gpu", "ecc", "xid", "dcgm", "speed", "correctness", "host")
 
 DEFAULT_CONFIG = {
     "node": None,
@@ -76,6 +76,7 @@ DEFAULT_BUDGETS = {
     "xid": 20.0,
     "speed": 10.0,
     "correctness": 60.0,
+    "host": 5.0,
 }
 # dcgmi diag -r 1 takes seconds, -r 2 a few minutes, -r 3 tens of minutes.
 DCGM_BUDGET_BY_LEVEL = {1: 120.0, 2: 900.0, 3: 3600.0, 4: 7200.0}
@@ -1263,6 +1264,43 @@ def check_correctness(agent: Agent, chk: Check) -> None:
             )
 
 
+def _proc_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies from the first line of /proc/stat."""
+    with open("/proc/stat") as fh:
+        values = [int(v) for v in fh.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return sum(values) - idle, sum(values)
+
+
+def check_host(agent: Agent, chk: Check) -> None:
+    """Host figures for the metrics charts (CPU, memory, load, network); no findings."""
+    busy0, total0 = _proc_cpu()
+    time.sleep(0.2)
+    busy1, total1 = _proc_cpu()
+    chk.details["cpu_util_pct"] = (
+        round(100.0 * (busy1 - busy0) / (total1 - total0), 1) if total1 > total0 else 0.0
+    )
+    chk.details["cpu_count"] = os.cpu_count()
+    with open("/proc/loadavg") as fh:
+        chk.details["load1"] = float(fh.read().split()[0])
+    meminfo = {}
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            meminfo[key] = int(rest.split()[0]) if rest.split() else 0
+    chk.details["mem_total_mib"] = meminfo.get("MemTotal", 0) // 1024
+    chk.details["mem_available_mib"] = meminfo.get("MemAvailable", 0) // 1024
+    rx = tx = 0
+    with open("/proc/net/dev") as fh:
+        for line in fh.readlines()[2:]:
+            name, _, rest = line.partition(":")
+            if name.strip() == "lo":
+                continue
+            fields = rest.split()
+            rx, tx = rx + int(fields[0]), tx + int(fields[8])
+    chk.details["net_rx_bytes"], chk.details["net_tx_bytes"] = rx, tx
+
+
 CHECKS = {
     "disk": check_disk,
     "gpu": check_gpu,
@@ -1271,6 +1309,7 @@ CHECKS = {
     "dcgm": check_dcgm,
     "speed": check_speed,
     "correctness": check_correctness,
+    "host": check_host,
 }
 
 

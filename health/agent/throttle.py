@@ -68,7 +68,7 @@ def main() -> None:
     scanned = 0.0
     try:
         while running:
-            if time.monotonic() - scanned > 1.0:
+            if time.monotonic() - scanned > PERIOD_S:  # new processes (a check) get caught at once
                 pids = node_pids(args.node, args.pidfile)
                 scanned = time.monotonic()
             _signal(pids, signal.SIGSTOP)
