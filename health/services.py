@@ -11,6 +11,7 @@ import statistics
 from datetime import UTC, datetime
 
 from django.db import IntegrityError, transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from clusters.choices import OperationKind
@@ -63,11 +64,17 @@ def node_token_valid(node: Node, token: str) -> bool:
 
 # --- reports -> failures ---------------------------------------------------
 def _pool_median_speed(node: Node) -> float | None:
-    """The median of the latest speed figure of each node in the pool (>= 3 nodes)."""
+    """The median of the latest speed figure of each node in the pool (>= 3 nodes),
+    in two queries whatever the pool's size."""
+    latest = (
+        HealthReport.objects.filter(node__pool_id=node.pool_id, source="agent")
+        .values("node_id")
+        .annotate(last=Max("id"))
+        .values_list("last", flat=True)
+    )
     speeds = []
-    for other in Node.objects.filter(pool_id=node.pool_id).exclude(last_report_time=None):
-        report = other.health_reports.filter(source="agent").only("checks").first()
-        for check in report.checks if report else []:
+    for checks in HealthReport.objects.filter(id__in=list(latest)).values_list("checks", flat=True):
+        for check in checks:
             if check.get("name") == "speed" and check.get("details", {}).get("gflops"):
                 speeds.append(float(check["details"]["gflops"]))
     return statistics.median(speeds) if len(speeds) >= 3 else None
