@@ -39,6 +39,9 @@ class Job(models.Model):
     script = models.TextField(blank=True)
     options = models.JSONField(default=dict, blank=True)
     recipe = models.CharField(max_length=64, blank=True)
+    register_as = models.CharField(
+        max_length=63, blank=True, help_text="Model to register the final checkpoint under"
+    )
     parameters = models.JSONField(default=dict, blank=True)
     checkpoint_dir = models.CharField(max_length=500, blank=True)
     metrics = models.JSONField(default=dict, blank=True, help_text="Latest figures (summary)")

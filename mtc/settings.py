@@ -48,6 +48,8 @@ INSTALLED_APPS = [
     "clusters",
     "jobs",
     "health",
+    "registry",
+    "serving",
 ]
 
 MIDDLEWARE = [

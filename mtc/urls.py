@@ -10,6 +10,8 @@ api_v1 = [
     path("", include("clusters.api.urls")),
     path("", include("jobs.api.urls")),
     path("", include("health.api.urls")),
+    path("", include("registry.api.urls")),
+    path("", include("serving.api.urls")),
     re_path(r"^.*$", probes.api_not_found),  # JSON, not the HTML 404 page
 ]
 
@@ -25,5 +27,7 @@ urlpatterns = [
     path("vendor/plotly.min.js", probes.plotly_js, name="plotly-js"),
     path("", include("jobs.urls")),
     path("", include("health.urls")),
+    path("", include("registry.urls")),
+    path("", include("serving.urls")),
     path("", include("clusters.urls")),
 ]
