@@ -163,6 +163,9 @@ CELERY_BEAT_SCHEDULE = {
     "health-poll": {"task": "health.tasks.health_poll_all", "schedule": 2.0},
     "health-reports-prune": {"task": "health.tasks.health_reports_prune", "schedule": 600.0},
     "clusters-reconcile": {"task": "clusters.tasks.clusters_reconcile_all", "schedule": 10.0},
+    "registry-poll": {"task": "registry.tasks.registrations_poll", "schedule": 5.0},
+    "serving-reconcile": {"task": "serving.tasks.endpoints_reconcile_all", "schedule": 3.0},
+    "tensorboard-idle": {"task": "jobs.tasks.tensorboards_stop_idle", "schedule": 60.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
