@@ -20,6 +20,8 @@ class Cluster(models.Model):
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
     )
     controller_port = models.PositiveIntegerField(null=True, unique=True)
+    # What a cloud provider made that is not found by label (e.g. a network mtc created).
+    provider_state = models.JSONField(default=dict, blank=True)
     # Repair policy switches (health app): operators approve each repair, and at most
     # this share of a pool is out of service for repairs at once.
     repair_requires_approval = models.BooleanField(default=False)

@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=10)
 MAX_ATTEMPTS = 5
 DRAIN_TIMEOUT_S = 600
-READY_TIMEOUT_S = 60
 
 
 class Superseded(Exception):
@@ -173,15 +172,16 @@ def _ensure_controller_port(cluster: Cluster) -> None:
         raise ProviderError("Could not reserve a controller port.", code="RESOURCE_EXHAUSTED")
 
 
-def _ensure_nodes(cluster: Cluster, emulated: bool) -> None:
+def _ensure_nodes(cluster: Cluster, provider) -> None:
     """Create the missing Node rows of every compute pool (named by index, so never twice)."""
+    emulated = provider.gpus_emulated
     for pool in cluster.pools.filter(is_login=False):
         have = set(pool.nodes.values_list("index", flat=True))
         missing = [i for i in range(pool.target_node_count) if i not in have]
         for _ in range(5):
             if not missing:
                 break
-            ports = allocate_ports(len(missing))
+            ports = allocate_ports(len(missing)) if provider.uses_ports else [None] * len(missing)
             try:
                 with transaction.atomic():
                     for index, port in zip(missing, ports, strict=True):
@@ -243,17 +243,18 @@ def _remove_nodes(operation: Operation, cluster: Cluster, provider, nodes: list[
 def _reconcile_cluster(operation: Operation) -> None:
     cluster = Cluster.objects.get(pk=operation.cluster_id)
     provider = get_provider(cluster.provider)
-    operation_progress(operation, 5, "Reserving ports")
-    _ensure_controller_port(cluster)
+    if provider.uses_ports:
+        operation_progress(operation, 5, "Reserving ports")
+        _ensure_controller_port(cluster)
     removals = _nodes_to_remove(cluster)
     if removals:
         _remove_nodes(operation, cluster, provider, removals)
-    _ensure_nodes(cluster, provider.gpus_emulated)
+    _ensure_nodes(cluster, provider)
     nodes = list(cluster.nodes.select_related("pool").order_by("pool__pool_id", "index"))
-    operation_progress(operation, 40, f"Starting Slurm controller and {len(nodes)} node daemon(s)")
+    operation_progress(operation, 40, f"Starting Slurm controller and {len(nodes)} node(s)")
     provider.apply(cluster, nodes)
     operation_progress(operation, 70, "Waiting for nodes to register with Slurm")
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = time.monotonic() + provider.ready_timeout_s
     while True:
         try:
             provider.wait_ready(cluster, [n.name for n in nodes], timeout=2)
@@ -263,9 +264,11 @@ def _reconcile_cluster(operation: Operation) -> None:
                 raise
             operation_progress(operation, message="Waiting for nodes to register with Slurm")
             dead = provider.dead_nodes(cluster, nodes)
-            if dead:  # e.g. a port still held by a process outside mtc: move those nodes
+            if dead and provider.uses_ports:
+                # e.g. a port still held by a process outside mtc: move those nodes
                 for node, port in zip(dead, allocate_ports(len(dead)), strict=True):
                     Node.objects.filter(pk=node.pk).update(port=port)
+            if dead:  # start them again (a cloud VM that vanished is made anew)
                 nodes = list(
                     cluster.nodes.select_related("pool").order_by("pool__pool_id", "index")
                 )
@@ -290,6 +293,9 @@ def _delete_cluster(operation: Operation) -> None:
         provider = None  # it could never have made anything: only the rows are left
     if provider is not None:
         provider.delete_cluster(cluster)
+    from jobs.tensorboard import tensorboard_stop  # the cluster's TensorBoard, if it runs
+
+    tensorboard_stop(cluster.cluster_id)
     operation_progress(operation, 90, "Removing records")
     cluster.delete()
 

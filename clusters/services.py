@@ -141,6 +141,36 @@ def cluster_update(*, cluster: Cluster, patch: Any, owner=None) -> Operation:
     return operation
 
 
+def cluster_retry(*, cluster: Cluster, owner=None) -> Operation:
+    """Run the reconcile again for a cluster whose last Operation failed (ERROR): what
+    exists is kept, what is missing is made (e.g. after a stockout clears)."""
+    with transaction.atomic():
+        locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        busy = _active_operation(locked)
+        if busy or locked.state != ClusterState.ERROR:
+            raise ClusterConflict(
+                f"Cluster '{locked.cluster_id}' is {locked.state}; only a cluster in ERROR "
+                "can be retried."
+            )
+        was_created = locked.operations.filter(
+            kind=OperationKind.CREATE_CLUSTER, state=OperationState.SUCCEEDED
+        ).exists()
+        Cluster.objects.filter(pk=locked.pk).update(
+            state=ClusterState.UPDATING if was_created else ClusterState.CREATING,
+            update_time=timezone.now(),
+        )
+        operation = Operation.objects.create(
+            kind=OperationKind.UPDATE_CLUSTER if was_created else OperationKind.CREATE_CLUSTER,
+            target=f"clusters/{locked.cluster_id}",
+            cluster=locked,
+            owner=owner,
+            params={"reason": "retry"},
+            status_message="Queued (retry)",
+        )
+        _enqueue(operation)
+    return operation
+
+
 def cluster_delete(*, cluster: Cluster, owner=None) -> Operation:
     """Delete everything the cluster made. Supersedes a create or update in flight."""
     with transaction.atomic():
@@ -174,5 +204,6 @@ __all__ = [
     "SpecError",
     "cluster_create",
     "cluster_delete",
+    "cluster_retry",
     "cluster_update",
 ]

@@ -22,4 +22,5 @@ urlpatterns = [
     path("clusters/<slug:cluster_id>/", views.cluster_detail, name="cluster_detail"),
     path("clusters/<slug:cluster_id>/fragment/", views.cluster_fragment, name="cluster_fragment"),
     path("clusters/<slug:cluster_id>/delete/", views.cluster_delete, name="cluster_delete"),
+    path("clusters/<slug:cluster_id>/retry/", views.cluster_retry, name="cluster_retry"),
 ]

@@ -196,6 +196,22 @@ def cluster_fragment(request, cluster_id: str):
     return render(request, "clusters/_cluster_live.html", _live_context(cluster))
 
 
+# --- retry and delete -------------------------------------------------------------
+@staff_required
+@require_POST
+def cluster_retry(request, cluster_id: str):
+    cluster = _cluster_or_404(cluster_id)
+    try:
+        operation = services.cluster_retry(cluster=cluster, owner=request.user)
+    except services.ClusterConflict as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(
+            request, f"Retrying cluster {cluster.cluster_id} (operation {operation.pk})."
+        )
+    return redirect("clusters:cluster_detail", cluster_id=cluster.cluster_id)
+
+
 # --- delete -------------------------------------------------------------------
 @staff_required
 @require_http_methods(["GET", "POST"])
@@ -540,6 +556,7 @@ def _wizard_review(request, data: dict):
             validate_cluster_spec(spec)
         except SpecError as exc:
             spec_errors = _spec_errors(exc.fields, spec)
+    cloud_requests = _cloud_requests(spec) if not spec_errors else []
     for error in spec_errors:
         if error["step"]:
             error["step_title"] = STEP_TITLES[error["step"]]
@@ -558,5 +575,20 @@ def _wizard_review(request, data: dict):
             "spec_json": json.dumps(spec, indent=2),
             "spec_errors": spec_errors,
             "summary": summary,
+            "cloud_requests": cloud_requests,
         },
     )
+
+
+def _cloud_requests(spec: dict) -> list[dict]:
+    """For a gce spec, the Compute Engine requests create will send (to review)."""
+    if spec.get("provider") != "gce":
+        return []
+    from .providers.gce.plan import split_files
+    from .providers.gce.provider import plan_describe
+
+    out = []
+    for request in plan_describe(validate_cluster_spec(spec))["requests"]:
+        body, files = split_files(request.get("body") or {})
+        out.append({**request, "body_json": json.dumps(body, indent=2), "files": files})
+    return out

@@ -21,15 +21,11 @@ from .models import NodeFailure, Repair
 from .services import node_health_refresh, repair_plan, report_ingest
 
 log = logging.getLogger(__name__)
-READY_TIMEOUT_S = 30
 
 
 def node_job_ids(node: Node) -> list[str]:
     """The jobs Slurm has on the node now (ask before the node is set DOWN)."""
-    client = get_provider(node.cluster.provider).slurm(node.cluster)
-    return client.run(
-        ["squeue", "--noheader", f"--nodelist={node.name}", "--format=%i"], check=False
-    ).stdout.split()
+    return get_provider(node.cluster.provider).slurm(node.cluster).node_jobs(node.name)
 
 
 def node_jobs_requeue(*, node: Node, job_ids: list[str], cause: str) -> list[dict]:
@@ -76,7 +72,7 @@ def _start_requeued_now(client, job_ids: list[str], timeout: float = 20) -> None
             if info is None or info.state == "RUNNING":
                 waiting.discard(job_id)
             elif info.state == "PENDING" and info.reason == "BeginTime":
-                client.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+                client.job_start_now(job_id)
                 waiting.discard(job_id)
         time.sleep(0.2)
 
@@ -118,7 +114,7 @@ def repair_execute(operation: Operation) -> None:
         Node.objects.filter(pk=node.pk).update(provider_id=provider.replace_node(cluster, node))
     if repair.action != RepairAction.DRAIN:
         operation_progress(operation, 60, f"Waiting for {node.name} to register")
-        provider.wait_ready(cluster, [node.name], timeout=READY_TIMEOUT_S)
+        provider.wait_ready(cluster, [node.name], timeout=provider.repair_ready_timeout_s)
         operation_progress(operation, 80, f"Checking {node.name}")
         ok, problems = _checks_pass(node, provider)
         if not ok:

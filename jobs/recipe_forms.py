@@ -17,7 +17,7 @@ from django import forms
 from .recipes.catalog import Param, Recipe
 
 # The launch body's job fields; recipe parameters may not use these names.
-JOB_FIELDS = ("nodes", "partition", "gpus_per_node", "name", "time_limit")
+JOB_FIELDS = ("nodes", "partition", "gpus_per_node", "name", "time_limit", "register_as")
 
 
 def _limit(value: float | None, kind: str) -> str | None:
@@ -76,7 +76,8 @@ def param_field(param: Param) -> forms.Field:
         return forms.ChoiceField(choices=[(c, c) for c in param.choices], **common)
     if param.kind == "bool":
         return forms.BooleanField(required=False, **common)
-    placeholder = "/absolute/path" if param.kind == "path" else ""
+    placeholder = {"path": "/absolute/path", "checkpoint": "/absolute/path or models/<name>@<ref>"}
+    placeholder = placeholder.get(param.kind, "")
     return forms.CharField(
         required=param.required,
         max_length=1001,
@@ -122,6 +123,21 @@ class RecipeLaunchForm(forms.Form):
         label="Time limit",
         widget=forms.TextInput(attrs={"placeholder": "e.g. 30 or 1:00:00"}),
         help_text="Empty for the partition's.",
+    )
+    register_as = forms.CharField(
+        required=False,
+        max_length=64,
+        label="Register as",
+        widget=forms.TextInput(
+            attrs={
+                "class": "mono",
+                "autocomplete": "off",
+                "spellcheck": "false",
+                "placeholder": "model name (optional)",
+            }
+        ),
+        help_text="When the job completes, its final checkpoint becomes this model's next "
+        "version in the registry (the model is created if new).",
     )
 
     def __init__(
@@ -183,7 +199,7 @@ class RecipeLaunchForm(forms.Form):
         overrides = {}
         for param in self.recipe.params:
             value = values.get(param.name)
-            if isinstance(value, str) and param.kind in ("path", "str"):
+            if isinstance(value, str) and param.kind in ("path", "checkpoint", "str"):
                 value = value.strip()
             if value is None or value == "":
                 continue

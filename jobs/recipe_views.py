@@ -100,6 +100,7 @@ def _preview(plan: LaunchPlan, body: dict) -> dict:
         ("GPUs per node", sub.gpus_per_node or "none"),
         ("Time limit", sub.time_limit or "the partition's"),
         ("Requeue", "yes, resuming from the last checkpoint" if sub.requeue else "no"),
+        ("Register as", plan.register_as or "no (not registered)"),
     ]
     return {
         "script": plan.script,
@@ -139,7 +140,9 @@ def recipe_launch_page(request, cluster_id: str, recipe: str):
     if re.fullmatch(rf"{re.escape(recipe)}-\d{{8}}-\d{{6}}-[0-9a-f]{{4}}", run_name):
         run_dir = new_run_dir(cluster, recipe).with_name(run_name)
     try:
-        plan = recipe_plan(cluster=cluster, recipe_id=recipe, body=body, run_dir=run_dir)
+        plan = recipe_plan(
+            cluster=cluster, recipe_id=recipe, body=body, run_dir=run_dir, owner=request.user
+        )
     except LaunchError as exc:
         if bound:
             form.add_launch_errors(exc.fields)

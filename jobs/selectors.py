@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from clusters.models import Cluster
 
-from .models import Job
+from .models import Job, JobMetric
 
 OUTPUT_CHUNK = 64 * 1024
 
@@ -87,3 +87,51 @@ def jobs_for_list(user, cluster: Cluster) -> QuerySet[Job]:
         .select_related("owner")
         .defer(*LIST_DEFERRED)
     )
+
+
+def tensorboard_viewable_by(user, job_pks: list[int]) -> bool:
+    """A cluster's TensorBoard serves the runs people opened; TensorBoard cannot hide
+    runs per user, so a user may look once one of those runs is theirs (operators always)."""
+    if user.is_staff:
+        return True
+    return Job.objects.filter(pk__in=job_pks, owner=user).exists()
+
+
+def jobs_by_refs(user, refs: list[tuple[str, str]]) -> dict[tuple[str, str], Job]:
+    """{(cluster_id, job_id): job} for the refs the user may see, in one query; unknown
+    and forbidden refs are simply missing."""
+    if not refs:
+        return {}
+    match = Q()
+    for cluster_id, job_id in refs:
+        match |= Q(cluster__cluster_id=cluster_id, job_id=job_id)
+    qs = Job.objects.filter(match).select_related("cluster").defer("script", "cluster__spec")
+    if not user.is_staff:
+        qs = qs.filter(owner=user)
+    return {(job.cluster.cluster_id, job.job_id): job for job in qs}
+
+
+def job_metric_series(job_pks: list[int]) -> dict[int, list[tuple[int, dict]]]:
+    """{job pk: [(step, values), ...] in step order} for all the jobs, in one query."""
+    series: dict[int, list[tuple[int, dict]]] = {pk: [] for pk in job_pks}
+    rows = (
+        JobMetric.objects.filter(job_id__in=job_pks)
+        .order_by("job_id", "step", "id")
+        .values_list("job_id", "step", "values")
+    )
+    for job_pk, step, values in rows:
+        series[job_pk].append((step, values if isinstance(values, dict) else {}))
+    return series
+
+
+def recipe_jobs_recent(user, *, limit: int = 30) -> list[Job]:
+    """The newest recipe jobs the user may see, on every cluster (the comparison's picker)."""
+    qs = (
+        Job.objects.exclude(recipe="")
+        .select_related("cluster")
+        .only("job_id", "name", "recipe", "state", "submit_time", "cluster__cluster_id")
+        .order_by("-id")
+    )
+    if not user.is_staff:
+        qs = qs.filter(owner=user)
+    return list(qs[:limit])

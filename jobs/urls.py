@@ -1,11 +1,23 @@
 from django.urls import path
 
-from . import recipe_views, views
+from . import compare_views, recipe_views, tensorboard_views, views
 
 app_name = "jobs"
 
 urlpatterns = [
     path("recipes/", recipe_views.recipe_list, name="recipes"),
+    path("jobs/compare/", compare_views.job_compare, name="compare"),
+    # TensorBoard, proxied: everything under the prefix goes to the cluster's process.
+    path(
+        "clusters/<slug:cluster_id>/tensorboard/",
+        tensorboard_views.tensorboard_proxy,
+        name="tensorboard",
+    ),
+    path(
+        "clusters/<slug:cluster_id>/tensorboard/<path:subpath>",
+        tensorboard_views.tensorboard_proxy,
+        name="tensorboard_path",
+    ),
     path(
         "clusters/<slug:cluster_id>/recipes/<slug:recipe>/launch/",
         recipe_views.recipe_launch_page,
@@ -24,6 +36,11 @@ urlpatterns = [
         "clusters/<slug:cluster_id>/jobs/<str:job_id>/fragment/",
         views.job_detail_fragment,
         name="detail_fragment",
+    ),
+    path(
+        "clusters/<slug:cluster_id>/jobs/<str:job_id>/tensorboard/",
+        tensorboard_views.tensorboard_open,
+        name="tensorboard_open",
     ),
     path(
         "clusters/<slug:cluster_id>/jobs/<str:job_id>/<slug:action>/",

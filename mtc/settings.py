@@ -181,6 +181,24 @@ MTC_AGENT_INTERVAL_S = float(os.environ.get("MTC_AGENT_INTERVAL_S", "10"))
 # that kills a worker in the middle of a create.
 MTC_OPERATION_STEP_DELAY = float(os.environ.get("MTC_OPERATION_STEP_DELAY", "0"))
 
+# A cluster's TensorBoard (one process, reached through mtc) stops after this long idle.
+MTC_TENSORBOARD_IDLE_S = float(os.environ.get("MTC_TENSORBOARD_IDLE_S", "900"))
+
+# The gce provider (README, "Running on Compute Engine"). Credentials are Application
+# Default Credentials; MTC_GCE_API_ENDPOINT points every client elsewhere (tests).
+MTC_GCE_PROJECT = os.environ.get("MTC_GCE_PROJECT", "")
+MTC_GCE_IMAGE = os.environ.get(
+    "MTC_GCE_IMAGE", "projects/{project}/global/images/family/mtc-slurm-22-05"
+)
+MTC_GCE_SUBNET_RANGE = os.environ.get("MTC_GCE_SUBNET_RANGE", "10.128.0.0/20")
+MTC_GCE_API_ENDPOINT = os.environ.get("MTC_GCE_API_ENDPOINT", "")
+MTC_GCE_MONITORING_ENDPOINT = os.environ.get("MTC_GCE_MONITORING_ENDPOINT", "")
+MTC_GCE_ANONYMOUS = os.environ.get("MTC_GCE_ANONYMOUS", "0") == "1"
+MTC_GCE_POLL_S = float(os.environ.get("MTC_GCE_POLL_S", "1.0"))
+MTC_GCE_RETRIES = int(os.environ.get("MTC_GCE_RETRIES", "4"))
+MTC_GCE_OPERATION_TIMEOUT_S = float(os.environ.get("MTC_GCE_OPERATION_TIMEOUT_S", "900"))
+MTC_GCE_READY_TIMEOUT_S = float(os.environ.get("MTC_GCE_READY_TIMEOUT_S", "1800"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

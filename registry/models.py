@@ -6,8 +6,7 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
-NAME_RE = r"^[a-z0-9][a-z0-9._-]{0,62}$"
-ALIAS_RE = r"^[a-z][a-z0-9_-]{0,31}$"
+from .names import ALIAS_RE, NAME_RE
 
 
 class VersionState(models.TextChoices):
@@ -26,6 +25,8 @@ class Model(models.Model):
         on_delete=models.SET_NULL,
         related_name="models",
     )
+    # Numbers are never reused, even after a delete: "name@3" always meant one version.
+    last_version_number = models.PositiveIntegerField(default=0)
     create_time = models.DateTimeField(auto_now_add=True)
     update_time = models.DateTimeField(auto_now=True)
 

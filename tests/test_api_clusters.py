@@ -125,12 +125,16 @@ def test_patch_errors_name_fields(local_clusters, operator_api):
     )
 
 
-def test_cluster_of_an_unavailable_provider_fails_and_deletes(local_clusters, operator_api):
+def test_gce_cluster_without_a_project_fails_clearly_and_deletes(
+    local_clusters, operator_api, settings
+):
+    settings.MTC_GCE_PROJECT = ""
     spec = make_spec("cloud", provider="gce", zone="us-central1-a")
     spec["node_pools"][0]["machine_spec"]["machine_type"] = "n2-standard-8"
     spec["node_pools"][1]["machine_spec"]["machine_type"] = "a3-ultragpu-8g"
     op = _operation(operator_api, _create(operator_api, spec)["id"])
-    assert op["state"] == "FAILED" and op["error"]["code"] == "PROVIDER_UNAVAILABLE"
+    assert op["state"] == "FAILED" and op["error"]["code"] == "GCE_NOT_CONFIGURED"
+    assert "MTC_GCE_PROJECT" in op["error"]["message"]
     assert operator_api.get("/api/v1/clusters/cloud").json()["state"] == "ERROR"
     response = operator_api.delete("/api/v1/clusters/cloud")
     assert _operation(operator_api, response.json()["id"])["state"] == "SUCCEEDED"

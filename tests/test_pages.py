@@ -322,11 +322,12 @@ def test_cluster_detail_shows_pools_partitions_nodes_and_login(staff_client, set
     assert "&quot;cluster_id&quot;: &quot;alpha&quot;" in page
 
 
-def test_detail_of_gce_cluster_explains_missing_provider(staff_client):
-    cluster = make_cluster("gcp", state="ERROR", state_message="Provider 'gce' is not available")
+def test_detail_of_gce_cluster_explains_missing_project(staff_client, settings):
+    settings.MTC_GCE_PROJECT = ""
+    cluster = make_cluster("gcp", state="ERROR", state_message="The gce provider needs a project")
     Cluster.objects.filter(pk=cluster.pk).update(provider="gce")
     page = html(staff_client.get("/clusters/gcp/"))
-    assert "not available in this installation" in page
+    assert "set MTC_GCE_PROJECT" in page
     assert "python manage.py mtc login gcp" in page
 
 

@@ -1,6 +1,7 @@
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -83,6 +84,20 @@ class ClusterViewSet(viewsets.ViewSet):
             )
         except SpecError as exc:
             raise _spec_error(exc) from exc
+        except services.ClusterConflict as exc:
+            raise _conflict(exc) from exc
+        return _accepted(operation)
+
+    @extend_schema(
+        request=None,
+        responses={202: OperationSerializer, 409: OpenApiResponse(description="Not in ERROR")},
+        description="Reconcile a cluster in ERROR again (e.g. after a stockout cleared): "
+        "what exists is kept, what is missing is created.",
+    )
+    @action(detail=True, methods=["post"])
+    def retry(self, request, cluster_id=None):
+        try:
+            operation = services.cluster_retry(cluster=self._get(cluster_id), owner=request.user)
         except services.ClusterConflict as exc:
             raise _conflict(exc) from exc
         return _accepted(operation)

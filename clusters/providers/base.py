@@ -22,6 +22,12 @@ class ProviderError(Exception):
 class Provider(ABC):
     name: str
     gpus_emulated: bool = False
+    # Local daemons need a port each; cloud machines have their own addresses.
+    uses_ports: bool = False
+    # How long a create or resize waits for new nodes to join Slurm, and a repair for
+    # its node to come back.
+    ready_timeout_s: float = 60
+    repair_ready_timeout_s: float = 30
 
     @abstractmethod
     def apply(self, cluster: Cluster, nodes: list[Node]) -> None:
@@ -77,11 +83,17 @@ class Provider(ABC):
     def login_command(self, cluster: Cluster) -> str:
         return ""
 
+    def node_checks(self, cluster: Cluster, node: Node) -> dict | None:
+        """Run the node's health checks now and return the agent's report, where the
+        provider can reach the node directly; None where the node's own agent reports."""
+        return None
+
 
 def get_provider(name: str) -> Provider:
+    from .gce import GceProvider
     from .local import LocalProvider
 
-    providers: dict[str, type[Provider]] = {"local": LocalProvider}
+    providers: dict[str, type[Provider]] = {"local": LocalProvider, "gce": GceProvider}
     if name not in providers:
         raise ProviderError(
             f"Provider '{name}' is not available in this installation.",

@@ -9,7 +9,6 @@ started them, so a cluster outlives a restart of the web stack.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -23,7 +22,7 @@ from django.conf import settings
 from jobs.slurm import SlurmClient, SlurmError
 
 from .. import slurm_config
-from . import procs
+from . import munge, procs
 from .base import Provider, ProviderError
 from .local_nodes import HARDWARE_FAULTS, LocalNodes
 
@@ -43,6 +42,7 @@ def host_gpu_devices() -> list[str]:
 
 class LocalProvider(LocalNodes, Provider):
     name = "local"
+    uses_ports = True
 
     def __init__(self) -> None:
         self.real_gpus = host_gpu_devices()
@@ -56,11 +56,7 @@ class LocalProvider(LocalNodes, Provider):
         return self.root(cluster) / "etc" / "slurm.conf"
 
     def munge_socket(self, cluster: Cluster) -> str:
-        path = str(self.root(cluster) / "run" / "munge.sock")
-        if len(path) < 100:  # AF_UNIX paths are limited to 108 bytes
-            return path
-        digest = hashlib.sha1(path.encode()).hexdigest()[:16]
-        return f"/tmp/mtc-munge-{digest}.sock"
+        return munge.socket_path(self.root(cluster))
 
     def node_dir(self, cluster: Cluster, name: str) -> Path:
         return self.root(cluster) / "nodes" / name
@@ -98,9 +94,7 @@ class LocalProvider(LocalNodes, Provider):
             )
 
     def _munged_pid(self, cluster: Cluster) -> int | None:
-        return procs.daemon_pid(
-            self.root(cluster) / "run" / "munged.pid", self.munge_socket(cluster)
-        )
+        return munge.pid(self.root(cluster))
 
     def _slurmctld_pid(self, cluster: Cluster) -> int | None:
         return procs.daemon_pid(
@@ -113,28 +107,7 @@ class LocalProvider(LocalNodes, Provider):
         )
 
     def _ensure_munged(self, cluster: Cluster) -> None:
-        root = self.root(cluster)
-        key = root / "etc" / "munge.key"
-        if not key.exists():
-            key.write_bytes(os.urandom(1024))
-            key.chmod(0o400)
-        if self._munged_pid(cluster):
-            return
-        socket = self.munge_socket(cluster)
-        Path(socket).unlink(missing_ok=True)
-        self._spawn(
-            cluster,
-            [
-                "munged",
-                "--force",
-                f"--socket={socket}",
-                f"--key-file={key}",
-                f"--log-file={root / 'log' / 'munged.log'}",
-                f"--pid-file={root / 'run' / 'munged.pid'}",
-                f"--seed-file={root / 'run' / 'munged.seed'}",
-            ],
-        )
-        self._wait(lambda: Path(socket).exists(), 5, "munged did not create its socket")
+        munge.ensure(self.root(cluster))
 
     def _start_slurmctld(self, cluster: Cluster) -> None:
         self._spawn(cluster, ["slurmctld", "-f", str(self.conf_path(cluster))])

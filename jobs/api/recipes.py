@@ -29,7 +29,10 @@ class RecipeLaunchView(APIView):
         responses={201: JobSerializer, 200: {"type": "object"}},
         description='Body: {"nodes": 2, "partition": "gpu", "overrides": {"model": "tiny", '
         '"steps": 60}}. With "dry_run": true, answers 200 with the rendered batch script '
-        "and the parameters, and submits nothing.",
+        'and the parameters, and submits nothing. "register_as": "<model>" registers the '
+        "final checkpoint as that model's next version when the job completes; "
+        '"overrides": {"init_from": "models/<name>@<alias or version>"} starts from a '
+        "registered version (which becomes the new version's parent).",
     )
     def post(self, request, cluster_id, recipe):
         cluster = get_object_or_404(Cluster, cluster_id=cluster_id)
@@ -45,13 +48,14 @@ class RecipeLaunchView(APIView):
             )
         with job_errors("Invalid launch"):
             if dry_run:
-                plan = recipe_plan(cluster=cluster, recipe_id=recipe, body=body)
+                plan = recipe_plan(cluster=cluster, recipe_id=recipe, body=body, owner=request.user)
                 return Response(
                     {
                         "recipe": recipe,
                         "parameters": plan.parameters,
                         "script": plan.script,
                         "run_config": plan.run_config,
+                        "register_as": plan.register_as,
                     }
                 )
             job = recipe_launch(cluster=cluster, recipe_id=recipe, body=body, owner=request.user)

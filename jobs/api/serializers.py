@@ -45,6 +45,7 @@ class JobSerializer(serializers.Serializer):
     requeue_count = serializers.IntegerField()
     array_task_id = serializers.IntegerField(allow_null=True)
     recipe = serializers.CharField()
+    register_as = serializers.CharField(help_text="Model the final checkpoint registers under")
     parameters = serializers.JSONField()
     checkpoint_dir = serializers.CharField()
     metrics = serializers.JSONField()
@@ -75,6 +76,7 @@ class JobSerializer(serializers.Serializer):
             "requeue_count": job.requeue_count,
             "array_task_id": job.array_task_id,
             "recipe": job.recipe,
+            "register_as": job.register_as,
             "parameters": job.parameters,
             "checkpoint_dir": job.checkpoint_dir,
             "metrics": job.metrics,

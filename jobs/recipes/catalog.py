@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from registry.names import REF_HELP, is_model_ref, model_ref_parse
+
 PATH_RE = re.compile(r"^/[A-Za-z0-9._/+-]{0,1000}$")
 
 
@@ -23,7 +25,7 @@ class RecipeError(Exception):
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str  # int, float, str, bool, choice, path
+    kind: str  # int, float, str, bool, choice, path, checkpoint (a path or models/<name>@<ref>)
     default: Any
     help: str
     minimum: float | None = None
@@ -55,7 +57,14 @@ class Param:
             return None, "Must be a string."
         if self.kind == "choice" and value not in self.choices:
             return None, f"Must be one of: {', '.join(self.choices)}."
-        if self.kind == "path" and (not PATH_RE.match(value) or ".." in value.split("/")):
+        if self.kind == "checkpoint" and is_model_ref(value):
+            # Only the form is checked here; the launch looks the version up.
+            if model_ref_parse(value) is None:
+                return None, f"A registered version is named {REF_HELP}"
+            return value, None
+        if self.kind in ("path", "checkpoint") and (
+            not PATH_RE.match(value) or ".." in value.split("/")
+        ):
             return None, "Must be an absolute path of letters, digits and ._/+- without '..'."
         if self.kind == "str" and (len(value) > 200 or not value.isprintable()):
             return None, "At most 200 printable characters."
@@ -174,10 +183,10 @@ class Recipe:
 
 INIT_FROM = Param(
     "init_from",
-    "path",
+    "checkpoint",
     None,
-    "Checkpoint directory of an earlier run to start from (its latest complete "
-    "checkpoint is loaded).",
+    "Where to start: a registered version (models/<name>@<alias or version>) or the "
+    "checkpoint directory of an earlier run (its latest complete checkpoint is loaded).",
 )
 MAX_OPERAND = Param(
     "max_operand", "int", 9, "Largest operand of the generated arithmetic tasks.", 1, 999
@@ -220,7 +229,7 @@ RECIPES: dict[str, Recipe] = {
                     seq_len=64,
                     data_help=_PRETRAIN_DATA,
                 ),
-                Param("init_from", "path", None, INIT_FROM.help, required=True),
+                Param("init_from", "checkpoint", None, INIT_FROM.help, required=True),
             ),
         ),
         Recipe(

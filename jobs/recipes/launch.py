@@ -17,12 +17,24 @@ from django.utils import timezone
 
 from clusters.models import Cluster
 from clusters.providers.base import get_provider
+from registry.checkpoints import checkpoint_is_complete
+from registry.names import is_model_ref
+from registry.selectors import VersionRefError, register_as_problem, version_resolve
 
 from .. import services
 from ..models import Job
 from ..slurm.submit import SubmissionError
 from .catalog import RecipeError, recipe_get
 
+BODY_FIELDS = (
+    "nodes",
+    "partition",
+    "gpus_per_node",
+    "name",
+    "overrides",
+    "time_limit",
+    "register_as",
+)
 # Rendezvous ports per job: below the kernel's ephemeral range and above the ports
 # the local provider gives Slurm daemons.
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 30000, 2500
@@ -64,6 +76,7 @@ class LaunchPlan:
     run_dir: Path
     run_config: dict[str, Any]
     script: str
+    register_as: str = ""
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -89,11 +102,51 @@ def new_run_dir(cluster: Cluster, recipe_id: str) -> Path:
     return root / f"{recipe_id}-{stamp}"
 
 
+def _init_from_version(params: dict[str, Any], errors: dict[str, str]) -> str | None:
+    """``init_from: models/<name>@<ref>``: the version's checkpoint path for run.json;
+    the version ("name@3") is recorded in the parameters, so the run's own registered
+    version gets it as its parent."""
+    value = params.get("init_from")
+    if not isinstance(value, str) or not is_model_ref(value):
+        return None
+    try:
+        version = version_resolve(value)
+    except VersionRefError as exc:
+        errors["overrides.init_from"] = str(exc)
+        return None
+    if not version.checkpoint_path or not checkpoint_is_complete(Path(version.checkpoint_path)):
+        errors["overrides.init_from"] = (
+            f"{version}'s checkpoint {version.checkpoint_path or '(none)'} is no longer there."
+        )
+        return None
+    params["init_from_version"] = str(version)
+    return version.checkpoint_path
+
+
+def _register_as(body: dict, owner, errors: dict[str, str]) -> str:
+    value = body.get("register_as")
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        errors["register_as"] = "Must be a model name (a string)."
+        return ""
+    problem = register_as_problem(value, owner)
+    if problem:
+        errors["register_as"] = problem
+    return value
+
+
 def recipe_plan(
-    *, cluster: Cluster, recipe_id: str, body: Any, run_dir: Path | None = None
+    *,
+    cluster: Cluster,
+    recipe_id: str,
+    body: Any,
+    run_dir: Path | None = None,
+    owner=None,
 ) -> LaunchPlan:
     """Everything a launch would do, without doing it (the page's preview). Give the
-    previewed ``run_dir`` back to recipe_launch to launch exactly what was shown."""
+    previewed ``run_dir`` back to recipe_launch to launch exactly what was shown;
+    ``owner`` is who would launch (whether they may register as ``register_as``)."""
     recipe = recipe_get(recipe_id)
     if recipe is None:
         raise LaunchError({"recipe": f"No recipe '{recipe_id}'."})
@@ -101,13 +154,15 @@ def recipe_plan(
         raise LaunchError({"non_field_errors": "The body must be a JSON object."})
     errors: dict[str, str] = {}
     for key in body:
-        if key not in ("nodes", "partition", "gpus_per_node", "name", "overrides", "time_limit"):
+        if key not in BODY_FIELDS:
             errors[str(key)] = "Unknown field."
     try:
         params = recipe.validate(body.get("overrides"))
     except RecipeError as exc:
         errors.update(exc.fields)
         params = {}
+    init_checkpoint = _init_from_version(params, errors)
+    register_as = _register_as(body, owner, errors)
     provider = get_provider(cluster.provider)
     real_gpus = not provider.gpus_emulated
     name = body.get("name") or f"{recipe_id}-{params.get('model', '')}".rstrip("-")
@@ -132,6 +187,9 @@ def recipe_plan(
     if errors:
         raise LaunchError(errors)
     config = _run_config(recipe_id, params, run_dir, real_gpus)
+    if init_checkpoint:  # the runtime reads a path; the parameters keep what was asked
+        config["init_from"] = init_checkpoint
+        config.pop("init_from_version", None)
     nproc = submission.gpus_per_node if real_gpus and submission.gpus_per_node else 1
     script = SCRIPT.format(
         recipe_id=recipe_id,
@@ -159,6 +217,7 @@ def recipe_plan(
         run_dir=run_dir,
         run_config=config,
         script=script,
+        register_as=register_as,
     )
 
 
@@ -167,13 +226,15 @@ def recipe_launch(
 ) -> Job:
     """Validate, write run.json, submit. Raises LaunchError, JobConflict or SlurmError;
     a refused submission leaves no run directory behind."""
-    plan = recipe_plan(cluster=cluster, recipe_id=recipe_id, body=body, run_dir=run_dir)
+    plan = recipe_plan(
+        cluster=cluster, recipe_id=recipe_id, body=body, run_dir=run_dir, owner=owner
+    )
     if plan.run_dir.exists():
         raise LaunchError({"run_dir": "This run directory is taken; preview again."})
     plan.checkpoint_dir.mkdir(parents=True)
     (plan.run_dir / "run.json").write_text(json.dumps(plan.run_config, indent=2) + "\n")
     try:
-        return services.job_submit(
+        job = services.job_submit(
             cluster=cluster,
             owner=owner,
             submission=plan.submission,
@@ -184,3 +245,7 @@ def recipe_launch(
     except Exception:
         shutil.rmtree(plan.run_dir, ignore_errors=True)
         raise
+    if plan.register_as:  # read by registry.tasks.registrations_poll once it completes
+        Job.objects.filter(pk=job.pk).update(register_as=plan.register_as)
+        job.register_as = plan.register_as
+    return job

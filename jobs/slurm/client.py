@@ -115,6 +115,13 @@ class SlurmClient:
             nodes[name] = parse_sinfo_state(name, state, cpus, gres, reason)
         return list(nodes.values())
 
+    def node_jobs(self, name: str) -> list[str]:
+        """Ids of the jobs Slurm has on one node now."""
+        if not NODE_NAME_RE.match(name):
+            raise SlurmError(f"invalid node name {name!r}", permanent=True)
+        proc = self.run(["squeue", "--noheader", f"--nodelist={name}", "--format=%i"], check=False)
+        return proc.stdout.split()
+
     def nodes_json(self) -> list[dict]:
         return json.loads(self.run(["sinfo", "--json"]).stdout).get("nodes", [])
 
@@ -127,6 +134,14 @@ class SlurmClient:
         if reason:
             args.append(f"Reason={reason}")
         self.run(args)
+
+    def node_delete(self, names: list[str]) -> None:
+        """Forget dynamic nodes (cloud clusters) once their machines are gone."""
+        for name in names:
+            if not NODE_NAME_RE.match(name):
+                raise SlurmError(f"invalid node name {name!r}", permanent=True)
+        if names:
+            self.run(["scontrol", "delete", f"NodeName={','.join(names)}"])
 
     def reconfigure(self) -> None:
         self.run(["scontrol", "reconfigure"])
@@ -199,6 +214,10 @@ class SlurmClient:
         if action == "requeue":
             # Slurm holds a requeued job back (BeginTime, ~2 minutes); let it start now.
             self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+
+    def job_start_now(self, job_id: str) -> None:
+        """Drop a requeued job's BeginTime hold-back (best effort)."""
+        self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
 
     def cancel_all(self) -> None:
         out = self.run(["squeue", "--noheader", "--format=%A"], check=False).stdout

@@ -3,6 +3,7 @@
 python manage.py mtc cluster create -f spec.json [--wait]
 python manage.py mtc cluster list | get <id> | delete <id> [--wait]
 python manage.py mtc cluster resize <id> --pool gpu --nodes 5 [--wait]
+python manage.py mtc cluster plan -f spec.json [--json]   # the cloud requests create sends
 python manage.py mtc login <id>          # a shell on the cluster's login node
 python manage.py mtc bootstrap           # make sure the admin user exists
 python manage.py mtc demo                # create the demo cluster if there is none
@@ -24,8 +25,8 @@ from clusters import selectors, services
 from clusters.choices import CLUSTER_LIVE_STATES, OperationState
 from clusters.demo import DEMO_SPEC
 from clusters.models import Cluster, Node, Operation
-from clusters.providers.base import get_provider
-from clusters.spec import SpecError
+from clusters.providers.base import ProviderError, get_provider
+from clusters.spec import SpecError, validate_cluster_spec
 
 
 class Command(BaseCommand):
@@ -38,6 +39,11 @@ class Command(BaseCommand):
         create = verbs.add_parser("create", help="create a cluster from a JSON spec")
         create.add_argument("-f", "--file", required=True, help="spec file, or - for stdin")
         create.add_argument("--wait", action="store_true", help="wait until it is RUNNING")
+        plan = verbs.add_parser(
+            "plan", help="show the exact Compute Engine requests create would send (dry run)"
+        )
+        plan.add_argument("-f", "--file", required=True, help="spec file, or - for stdin")
+        plan.add_argument("--json", action="store_true", help="print the requests as JSON")
         verbs.add_parser("list", help="list clusters")
         get = verbs.add_parser("get", help="show one cluster as JSON")
         get.add_argument("cluster_id")
@@ -100,17 +106,53 @@ class Command(BaseCommand):
             self._wait(operation)
 
     # --- cluster verbs ---------------------------------------------------
-    def cluster_create(self, opts) -> None:
+    def _read_spec(self, path: str):
         try:
-            text = sys.stdin.read() if opts["file"] == "-" else open(opts["file"]).read()
-            spec = json.loads(text)
+            text = sys.stdin.read() if path == "-" else open(path).read()
+            return json.loads(text)
         except (OSError, json.JSONDecodeError) as exc:
             raise CommandError(f"Cannot read the spec: {exc}") from exc
+
+    def _spec_error(self, exc: SpecError) -> CommandError:
+        lines = "\n".join(f"  {path}: {msg}" for path, msg in exc.fields.items())
+        return CommandError(f"Invalid cluster spec:\n{lines}")
+
+    def cluster_plan(self, opts) -> None:
+        from clusters.providers.gce.plan import split_files
+        from clusters.providers.gce.provider import plan_describe
+
+        try:
+            spec = validate_cluster_spec(self._read_spec(opts["file"]))
+        except SpecError as exc:
+            raise self._spec_error(exc) from exc
+        if spec["provider"] != "gce":
+            raise CommandError(
+                f"Provider '{spec['provider']}' sends no cloud requests; plan is for gce specs."
+            )
+        described = plan_describe(spec)
+        if opts["json"]:
+            self.stdout.write(json.dumps(described, indent=2))
+            return
+        self.stdout.write(
+            f"# {len(described['requests'])} Compute Engine requests for cluster "
+            f"{spec['cluster_id']} in project {described['project']}, zone {described['zone']}"
+        )
+        for i, request in enumerate(described["requests"], 1):
+            when = f"  ({request['when']})" if request.get("when") else ""
+            self.stdout.write(f"\n{i}. {request['method']}  {request['http']}{when}")
+            if "body" not in request:
+                continue
+            body, files = split_files(request["body"])
+            self.stdout.write(json.dumps(body, indent=2))
+            for key, text in files.items():  # startup scripts and configs, as the node sees them
+                self.stdout.write(f"--- metadata {key}:\n{text.rstrip()}\n--- end {key}")
+
+    def cluster_create(self, opts) -> None:
+        spec = self._read_spec(opts["file"])
         try:
             operation = services.cluster_create(spec=spec, owner=self._admin())
         except SpecError as exc:
-            lines = "\n".join(f"  {path}: {msg}" for path, msg in exc.fields.items())
-            raise CommandError(f"Invalid cluster spec:\n{lines}") from exc
+            raise self._spec_error(exc) from exc
         except services.ClusterConflict as exc:
             raise CommandError(str(exc)) from exc
         self._print_operation(operation, opts["wait"])
@@ -167,8 +209,14 @@ class Command(BaseCommand):
     def login(self, opts) -> None:
         cluster = self._cluster(opts["cluster_id"])
         provider = get_provider(cluster.provider)
-        if cluster.provider != "local":
-            raise CommandError(f"Log in to {cluster.cluster_id} over SSH to its login node.")
+        if cluster.provider != "local":  # SSH to the login node (gcloud, through IAP)
+            try:
+                command = provider.login_command(cluster)
+            except ProviderError as exc:
+                raise CommandError(str(exc)) from exc
+            self.stdout.write(f"Login node of {cluster.cluster_id}: {command}\n")
+            args = command.split()
+            os.execvp(args[0], args)
         conf = str(provider.conf_path(cluster))
         shell = os.environ.get("SHELL", "/bin/bash")
         self.stdout.write(

@@ -1,0 +1,5 @@
+"""The gce provider (Compute Engine)."""
+
+from .provider import GceProvider
+
+__all__ = ["GceProvider"]

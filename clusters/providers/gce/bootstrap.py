@@ -1,0 +1,128 @@
+"""What a Compute Engine node boots with: its startup script and the Slurm config the
+controller serves to every node (configless Slurm with dynamic nodes, so a resize
+changes no config). Pure functions of the spec."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from clusters.slurm_config import gres_type
+
+from .names import controller_name
+
+SCRIPTS = Path(__file__).parent / "scripts"
+CGROUP_CONF = "ConstrainCores=yes\nConstrainDevices=yes\nConstrainRAMSpace=yes\n"
+GRES_CONF = "# Written by mtc.\nAutoDetect=nvml\n"
+
+
+def _mounts(storage: dict) -> str:
+    lines: list[str] = []
+    home = storage.get("home")
+    if home:
+        lines.append(
+            "mount_once "
+            + " ".join(
+                shlex.quote(s)
+                for s in (f"{home['ip']}:/{home['share']}", "/home", "nfs", "defaults,_netdev")
+            )
+        )
+    for lustre in storage.get("lustre", []):
+        source = f"{lustre['ip']}@tcp:/{lustre['filesystem']}"
+        lines.append(
+            "mount_once "
+            + " ".join(
+                shlex.quote(s)
+                for s in (source, lustre["mount_point"], "lustre", "defaults,_netdev")
+            )
+        )
+    for bucket in storage.get("gcs_fuse", []):
+        mount_point = shlex.quote(bucket["mount_point"])
+        lines.append(
+            f"mkdir -p {mount_point}; mountpoint -q {mount_point} || "
+            f"gcsfuse --implicit-dirs -o allow_other {shlex.quote(bucket['bucket'])} {mount_point}"
+        )
+    return "\n".join(lines) or "# (no shared storage in the spec)"
+
+
+def _render(text: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        text = text.replace(f"@@{key}@@", value)
+    return text
+
+
+def startup_script(spec: dict, *, role: str, pool: dict | None = None) -> str:
+    """The startup-script metadata value for the controller or one compute pool."""
+    common = (SCRIPTS / "common.sh").read_text()
+    values = {
+        "ROLE": role,
+        "CLUSTER": spec["cluster_id"],
+        "MOUNTS": _mounts(spec.get("storage") or {}),
+        "CONTROLLER": controller_name(spec["cluster_id"]),
+    }
+    if role == "controller":
+        return _render(common + (SCRIPTS / "controller.sh").read_text(), values)
+    machine = pool["machine_spec"]
+    count = machine.get("accelerator_count") or 0
+    values["POOL"] = pool["id"]
+    values["GRES"] = f" Gres=gpu:{gres_type(machine['accelerator_type'])}:{count}" if count else ""
+    return _render(common + (SCRIPTS / "worker.sh").read_text(), values)
+
+
+def hook_script(scripts: list[str], kind: str) -> str:
+    """The spec's prolog or epilog scripts as one file, run in order; any failure fails it."""
+    parts = ["#!/bin/bash", f"# mtc {kind}: the spec's {kind}_bash_scripts, in order.", "set -e"]
+    for i, body in enumerate(scripts):
+        parts.append(f"# --- {kind} {i}\n(\n{body}\n)")
+    return "\n".join(parts) + "\n"
+
+
+def slurm_conf(spec: dict, *, munge_socket: str = "", max_nodes: int = 1000) -> str:
+    """slurm.conf for the controller. With ``munge_socket`` it is the client copy mtc's
+    own host uses to reach the controller (same cluster, its local munged)."""
+    slurm = spec["orchestrator_spec"]["slurm_spec"]
+    settings: dict[str, str] = {
+        "ClusterName": spec["cluster_id"].replace("-", "_")[:40],
+        "SlurmctldHost": controller_name(spec["cluster_id"]),
+        # Nodes fetch this config from the controller and register themselves.
+        "SlurmctldParameters": "enable_configless,idle_on_node_suspend",
+        "MaxNodeCount": str(max_nodes),
+        "TreeWidth": "65533",
+        "AuthType": "auth/munge",
+        "CredType": "cred/munge",
+        "SlurmUser": "slurm",
+        "StateSaveLocation": "/var/spool/slurmctld",
+        "SlurmdSpoolDir": "/var/spool/slurmd",
+        "SlurmctldLogFile": "/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile": "/var/log/slurm/slurmd.log",
+        "ProctrackType": "proctrack/cgroup",
+        "TaskPlugin": "task/cgroup,task/affinity",
+        "SelectType": "select/cons_tres",
+        "SelectTypeParameters": "CR_Core_Memory",
+        "GresTypes": "gpu",
+        "PrologFlags": "Alloc,Contain",
+        "Prolog": "/etc/slurm/mtc-prolog.sh",
+        "Epilog": "/etc/slurm/mtc-epilog.sh",
+        "ReturnToService": "2",
+        "JobRequeue": "1",
+        "SchedulerType": "sched/backfill",
+    }
+    if munge_socket:
+        settings["AuthInfo"] = f"socket={munge_socket}"
+    lower = {k.lower(): k for k in settings}
+    for key, value in (slurm.get("config_overrides") or {}).items():
+        settings[lower.get(key.lower(), key)] = str(value)
+    lines = ["# Written by mtc from the cluster spec; edits are overwritten."]
+    lines += [f"{key}={value}" for key, value in settings.items()]
+    lines.append("")
+    login = slurm["login_node_pool_id"]
+    for pool in spec["node_pools"]:
+        if pool["id"] != login:  # a node set per pool: dynamic nodes join by Feature
+            lines.append(f"NodeSet={pool['id']} Feature={pool['id']}")
+    for part in slurm["partitions"]:
+        default = "YES" if part.get("default") else "NO"
+        lines.append(
+            f"PartitionName={part['id']} Nodes={','.join(part['node_pool_ids'])}"
+            f" Default={default} MaxTime=INFINITE State=UP"
+        )
+    return "\n".join(lines) + "\n"

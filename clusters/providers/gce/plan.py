@@ -1,0 +1,414 @@
+"""The Compute Engine requests that create a cluster, built from its spec (pure).
+
+`mtc cluster plan` and the wizard's review step print these; the provider sends the
+very same bodies, so what a user reviews is what Compute Engine receives. Bodies are
+the REST API's JSON (camelCase), paths are relative to ``/compute/v1/``."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import names
+from .bootstrap import CGROUP_CONF, GRES_CONF, hook_script, slurm_conf, startup_script
+
+REDACTED_KEY = "<munge key: generated at create, not shown>"
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+DEFAULT_SUBNET_RANGE = "10.128.0.0/20"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where requests go: the project and zone, the boot image, the subnet range."""
+
+    project: str
+    zone: str
+    image: str
+    subnet_range: str = DEFAULT_SUBNET_RANGE
+
+    @property
+    def region(self) -> str:
+        return names.region_of(self.zone)
+
+
+@dataclass
+class ApiRequest:
+    """One Compute Engine call: ``resource.verb`` on ``name`` in a scope."""
+
+    resource: str  # networks, subnetworks, firewalls, globalAddresses, resourcePolicies, ...
+    verb: str  # insert, bulkInsert, delete, reset
+    scope: str  # global, region or zone
+    name: str
+    body: dict[str, Any] | None = None
+    query: dict[str, str] = field(default_factory=dict)
+    when: str = ""  # e.g. "if missing": ensure-steps look before they create
+
+    def path(self, target: Target) -> str:
+        base = f"projects/{target.project}"
+        if self.scope == "global":
+            base += "/global"
+        elif self.scope == "region":
+            base += f"/regions/{target.region}"
+        elif self.scope == "zone":
+            base += f"/zones/{target.zone}"
+        # The API calls global addresses "addresses" under /global (method globalAddresses).
+        collection = "addresses" if self.resource == "globalAddresses" else self.resource
+        path = f"{base}/{collection}"
+        if self.verb == "bulkInsert":
+            path += "/bulkInsert"
+        elif self.verb == "delete":
+            path += f"/{self.name}"
+        elif self.verb != "insert":
+            path += f"/{self.name}/{self.verb}"
+        if self.query:
+            path += "?" + "&".join(f"{k}={v}" for k, v in self.query.items())
+        return path
+
+    @property
+    def http_method(self) -> str:
+        return "DELETE" if self.verb == "delete" else "POST"
+
+    def describe(self, target: Target) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "method": f"compute.{self.resource}.{self.verb}",
+            "http": f"{self.http_method} /compute/v1/{self.path(target)}",
+            "name": self.name,
+        }
+        if self.when:
+            out["when"] = self.when
+        if self.body is not None:
+            out["body"] = self.body
+        return out
+
+
+# --- network --------------------------------------------------------------------
+def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
+    """The VPC, its subnet, the private-services range: created only when missing."""
+    net = spec.get("network") or {}
+    network = net.get("network") or "default"
+    subnet = net.get("subnetwork") or network
+    requests = [
+        ApiRequest(
+            "networks",
+            "insert",
+            "global",
+            network,
+            {
+                "name": network,
+                "autoCreateSubnetworks": False,
+                "mtu": net.get("mtu", 1460),
+                "routingConfig": {"routingMode": "REGIONAL"},
+                "description": f"mtc cluster {spec['cluster_id']}",
+            },
+            when="if missing",
+        ),
+        ApiRequest(
+            "subnetworks",
+            "insert",
+            "region",
+            subnet,
+            {
+                "name": subnet,
+                "network": names.network_url(target.project, network),
+                "ipCidrRange": target.subnet_range,
+                "privateIpGoogleAccess": True,
+                "description": f"mtc cluster {spec['cluster_id']}",
+            },
+            when="if missing",
+        ),
+    ]
+    psa = net.get("private_service_access")
+    if psa:
+        name = names.psa_range_name(spec["cluster_id"])
+        requests.append(
+            ApiRequest(
+                "globalAddresses",
+                "insert",
+                "global",
+                name,
+                {
+                    "name": name,
+                    "purpose": "VPC_PEERING",
+                    "addressType": "INTERNAL",
+                    "prefixLength": psa.get("range_prefix_length", 20),
+                    "network": names.network_url(target.project, network),
+                    "description": "Private services access (Filestore, Managed Lustre)",
+                },
+                when="if missing",
+            )
+        )
+    return requests
+
+
+def firewall_requests(spec: dict, target: Target) -> list[ApiRequest]:
+    cluster_id = spec["cluster_id"]
+    network = names.network_url(
+        target.project, (spec.get("network") or {}).get("network") or "default"
+    )
+    internal, iap = names.firewall_names(cluster_id)
+    tag = names.cluster_tag(cluster_id)
+    return [
+        ApiRequest(
+            "firewalls",
+            "insert",
+            "global",
+            internal,
+            {
+                "name": internal,
+                "network": network,
+                "direction": "INGRESS",
+                "priority": 1000,
+                "sourceTags": [tag],
+                "sourceRanges": [target.subnet_range],
+                "targetTags": [tag],
+                "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}],
+                "description": "mtc: all traffic between the cluster's nodes",
+            },
+            when="if missing",
+        ),
+        ApiRequest(
+            "firewalls",
+            "insert",
+            "global",
+            iap,
+            {
+                "name": iap,
+                "network": network,
+                "direction": "INGRESS",
+                "priority": 1000,
+                "sourceRanges": [names.IAP_RANGE],
+                "targetTags": [names.login_tag(cluster_id)],
+                "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+                "description": "mtc: SSH to the login node through Identity-Aware Proxy",
+            },
+            when="if missing",
+        ),
+    ]
+
+
+# --- pools ------------------------------------------------------------------------
+def _login_pool(spec: dict) -> dict:
+    login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
+    return next(p for p in spec["node_pools"] if p["id"] == login)
+
+
+def compute_pools(spec: dict) -> list[dict]:
+    login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
+    return [p for p in spec["node_pools"] if p["id"] != login]
+
+
+def placement_requests(spec: dict, target: Target) -> list[ApiRequest]:
+    """A compact placement policy per GPU pool: its nodes land close on the network."""
+    out = []
+    for pool in compute_pools(spec):
+        if not pool["machine_spec"].get("accelerator_count"):
+            continue
+        name = names.placement_name(spec["cluster_id"], pool["id"])
+        out.append(
+            ApiRequest(
+                "resourcePolicies",
+                "insert",
+                "region",
+                name,
+                {
+                    "name": name,
+                    "groupPlacementPolicy": {"collocation": "COLLOCATED"},
+                    "description": f"mtc: compact placement for pool {pool['id']}",
+                },
+                when="if missing",
+            )
+        )
+    return out
+
+
+def _scheduling(pool: dict, gpus: bool) -> dict[str, Any]:
+    model = pool.get("provisioning_model", "STANDARD")
+    scheduling: dict[str, Any] = {
+        # GPUs cannot live-migrate: a host maintenance event stops the VM.
+        "onHostMaintenance": "TERMINATE" if gpus else "MIGRATE",
+        "automaticRestart": model not in ("SPOT", "FLEX_START"),
+        "provisioningModel": "STANDARD" if model == "RESERVATION" else model,
+    }
+    if model in ("SPOT", "FLEX_START"):
+        scheduling["instanceTerminationAction"] = "DELETE"
+    if model == "FLEX_START":
+        scheduling["maxRunDuration"] = {"seconds": str(7 * 24 * 3600)}
+    return scheduling
+
+
+def _reservation_affinity(pool: dict) -> dict[str, Any] | None:
+    affinity = pool["machine_spec"].get("reservation_affinity")
+    model = pool.get("provisioning_model", "STANDARD")
+    if affinity:
+        out: dict[str, Any] = {"consumeReservationType": affinity["reservation_affinity_type"]}
+        if affinity["reservation_affinity_type"] == "SPECIFIC_RESERVATION":
+            out["key"] = affinity["key"]
+            out["values"] = list(affinity["values"])
+        return out
+    if model == "RESERVATION":
+        return {"consumeReservationType": "ANY_RESERVATION"}
+    if model in ("SPOT", "FLEX_START"):
+        return {"consumeReservationType": "NO_RESERVATION"}
+    return None
+
+
+def template_request(
+    spec: dict, pool: dict, target: Target, *, role: str, munge_key: str
+) -> ApiRequest:
+    """One instance template per pool (the login pool's makes the controller)."""
+    cluster_id = spec["cluster_id"]
+    machine = pool["machine_spec"]
+    gpus = machine.get("accelerator_count") or 0
+    disk = pool.get("boot_disk") or {}
+    net = spec.get("network") or {}
+    network = net.get("network") or "default"
+    tags = [names.cluster_tag(cluster_id)]
+    if role == "controller":
+        tags.append(names.login_tag(cluster_id))
+    slurm = spec["orchestrator_spec"]["slurm_spec"]
+    metadata = [
+        {"key": "startup-script", "value": startup_script(spec, role=role, pool=pool)},
+        {"key": "enable-guest-attributes", "value": "TRUE"},
+        {"key": "enable-oslogin", "value": "TRUE"},
+        {"key": "mtc-cluster", "value": cluster_id},
+        {"key": "mtc-role", "value": role},
+        {"key": "mtc-munge-key", "value": munge_key},
+    ]
+    if role == "controller":
+        metadata += [
+            {"key": "mtc-slurm-conf", "value": slurm_conf(spec)},
+            {"key": "mtc-gres-conf", "value": GRES_CONF},
+            {"key": "mtc-cgroup-conf", "value": CGROUP_CONF},
+        ]
+    else:
+        metadata += [
+            {"key": "mtc-prolog", "value": hook_script(slurm["prolog_bash_scripts"], "prolog")},
+            {"key": "mtc-epilog", "value": hook_script(slurm["epilog_bash_scripts"], "epilog")},
+        ]
+    properties: dict[str, Any] = {
+        "machineType": machine["machine_type"],
+        "disks": [
+            {
+                "boot": True,
+                "autoDelete": True,
+                "type": "PERSISTENT",
+                "initializeParams": {
+                    "sourceImage": target.image,
+                    "diskType": disk.get("boot_disk_type", "pd-balanced"),
+                    "diskSizeGb": str(disk.get("boot_disk_size_gb", 100)),
+                    "labels": names.cluster_labels(spec, pool["id"]),
+                },
+            }
+        ],
+        "networkInterfaces": [
+            {
+                "network": names.network_url(target.project, network),
+                "subnetwork": names.subnetwork_url(
+                    target.project, target.region, net.get("subnetwork") or network
+                ),
+                "nicType": "GVNIC",
+            }
+        ],
+        "scheduling": _scheduling(pool, bool(gpus)),
+        "labels": names.cluster_labels(spec, pool["id"]),
+        "tags": {"items": tags},
+        "metadata": {"items": metadata},
+        "serviceAccounts": [{"email": "default", "scopes": SCOPES}],
+    }
+    if gpus:
+        properties["guestAccelerators"] = [
+            {
+                "acceleratorType": names.accelerator_name(machine["accelerator_type"]),
+                "acceleratorCount": gpus,
+            }
+        ]
+        if role != "controller":
+            properties["resourcePolicies"] = [names.placement_name(cluster_id, pool["id"])]
+    affinity = _reservation_affinity(pool)
+    if affinity:
+        properties["reservationAffinity"] = affinity
+    name = names.template_name(cluster_id, pool["id"])
+    return ApiRequest(
+        "instanceTemplates",
+        "insert",
+        "global",
+        name,
+        {
+            "name": name,
+            "description": f"mtc cluster {cluster_id}, pool {pool['id']}",
+            "properties": properties,
+        },
+        when="if missing",
+    )
+
+
+def controller_request(spec: dict, target: Target) -> ApiRequest:
+    cluster_id = spec["cluster_id"]
+    template = names.template_name(cluster_id, _login_pool(spec)["id"])
+    name = names.controller_name(cluster_id)
+    return ApiRequest(
+        "instances",
+        "insert",
+        "zone",
+        name,
+        {"name": name},
+        query={"sourceInstanceTemplate": names.template_url(target.project, template)},
+        when="if missing",
+    )
+
+
+def bulk_insert_request(spec: dict, pool: dict, target: Target, nodes: list[str]) -> ApiRequest:
+    """Workers of one pool in one call, all or nothing (a training job needs them all)."""
+    template = names.template_name(spec["cluster_id"], pool["id"])
+    return ApiRequest(
+        "instances",
+        "bulkInsert",
+        "zone",
+        pool["id"],
+        {
+            "count": str(len(nodes)),
+            "minCount": str(len(nodes)),
+            "perInstanceProperties": {node: {} for node in nodes},
+            "sourceInstanceTemplate": names.template_url(target.project, template),
+        },
+        when="for the missing nodes",
+    )
+
+
+def node_names(spec: dict, pool: dict, count: int | None = None) -> list[str]:
+    count = pool["scaling_spec"]["min_node_count"] if count is None else count
+    return [f"{spec['cluster_id']}-{pool['id']}-{i}" for i in range(count)]
+
+
+def munge_key_value(key: bytes | None) -> str:
+    return base64.b64encode(key).decode() if key else REDACTED_KEY
+
+
+def cluster_plan(spec: dict, target: Target, *, munge_key: bytes | None = None) -> list[ApiRequest]:
+    """Every request ``create`` sends, in order."""
+    key = munge_key_value(munge_key)
+    requests = network_requests(spec, target) + firewall_requests(spec, target)
+    requests += placement_requests(spec, target)
+    requests.append(
+        template_request(spec, _login_pool(spec), target, role="controller", munge_key=key)
+    )
+    for pool in compute_pools(spec):
+        requests.append(template_request(spec, pool, target, role="worker", munge_key=key))
+    requests.append(controller_request(spec, target))
+    for pool in compute_pools(spec):
+        requests.append(bulk_insert_request(spec, pool, target, node_names(spec, pool)))
+    return requests
+
+
+def split_files(body: dict) -> tuple[dict, dict[str, str]]:
+    """Multi-line metadata values (scripts, slurm.conf) taken out of a request body, so
+    people read them as files instead of one long JSON string."""
+    body = json.loads(json.dumps(body))
+    files: dict[str, str] = {}
+    for item in body.get("properties", {}).get("metadata", {}).get("items", []):
+        if "\n" in item.get("value", ""):
+            files[item["key"]] = item["value"]
+            item["value"] = f"<{item['key']}: printed below>"
+    return body, files

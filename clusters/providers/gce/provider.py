@@ -1,0 +1,290 @@
+"""The gce provider: a Slurm cluster on Compute Engine (DESIGN.md sections 3 and 8).
+
+The controller (also the login node) and the workers are instances made from one
+instance template per pool; workers come in one ``bulkInsert`` per pool and join
+Slurm as dynamic nodes. Every step looks before it creates, so a retry after a crash
+or a stockout makes nothing twice. mtc's own Slurm commands reach the controller
+over the VPC with the cluster's munge key (a local munged), so mtc runs inside the
+cluster's network (README)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+
+from jobs.slurm import SlurmClient, SlurmError
+
+from .. import munge
+from ..base import Provider, ProviderError
+from . import names, plan
+from .bootstrap import slurm_conf
+from .client import ComputeApi
+
+if TYPE_CHECKING:
+    from clusters.models import Cluster, Node
+
+log = logging.getLogger(__name__)
+RUNNING = "RUNNING"
+GONE_STATES = {"TERMINATED", "STOPPED", "SUSPENDED", "STOPPING", "SUSPENDING"}
+
+
+def target_for(spec: dict, project: str = "") -> plan.Target:
+    """Where a cluster's requests go. A cluster keeps the project it was made in."""
+    project = project or settings.MTC_GCE_PROJECT
+    if not project:
+        raise ProviderError(
+            "The gce provider needs a project: set MTC_GCE_PROJECT (README, 'Running on "
+            "Compute Engine').",
+            code="GCE_NOT_CONFIGURED",
+            permanent=True,
+        )
+    return plan.Target(
+        project=project,
+        zone=spec["zone"],
+        image=settings.MTC_GCE_IMAGE.replace("{project}", project),
+        subnet_range=settings.MTC_GCE_SUBNET_RANGE,
+    )
+
+
+class GceProvider(Provider):
+    name = "gce"
+    gpus_emulated = False
+
+    @property
+    def ready_timeout_s(self) -> float:  # a VM boots and runs its startup script
+        return settings.MTC_GCE_READY_TIMEOUT_S
+
+    @property
+    def repair_ready_timeout_s(self) -> float:
+        return settings.MTC_GCE_READY_TIMEOUT_S
+
+    # --- where things are ---------------------------------------------------------
+    def root(self, cluster: Cluster) -> Path:
+        return Path(settings.DATA_DIR) / "clusters" / cluster.cluster_id
+
+    def conf_path(self, cluster: Cluster) -> Path:
+        return self.root(cluster) / "etc" / "slurm.conf"
+
+    def api(self, cluster: Cluster) -> ComputeApi:
+        return ComputeApi(
+            target_for(cluster.spec, (cluster.provider_state or {}).get("project", ""))
+        )
+
+    def _remember(self, cluster: Cluster, **values) -> None:
+        """Keep what delete must know later (the project, networks mtc created)."""
+        from clusters.models import Cluster as ClusterModel
+
+        cluster.provider_state = {**(cluster.provider_state or {}), **values}
+        ClusterModel.objects.filter(pk=cluster.pk).update(provider_state=cluster.provider_state)
+
+    def slurm(self, cluster: Cluster) -> SlurmClient:
+        return SlurmClient(self.conf_path(cluster))
+
+    def login_command(self, cluster: Cluster) -> str:
+        target = self.api(cluster).target
+        return (
+            f"gcloud compute ssh {names.controller_name(cluster.cluster_id)} "
+            f"--zone {target.zone} --project {target.project} --tunnel-through-iap"
+        )
+
+    # --- create and resize ------------------------------------------------------------
+    def _ensure_client_side(self, cluster: Cluster) -> bytes:
+        """The munge key, a local munged with it, and the client copy of slurm.conf."""
+        root = self.root(cluster)
+        (root / "etc").mkdir(parents=True, exist_ok=True)
+        key = munge.key(root)
+        munge.ensure(root)
+        text = slurm_conf(cluster.spec, munge_socket=munge.socket_path(root))
+        path = self.conf_path(cluster)
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+        return key
+
+    def _ensure_network(self, cluster: Cluster, api: ComputeApi) -> None:
+        """Networks mtc creates are recorded, so delete removes those and only those."""
+        created = dict(cluster.provider_state.get("created", {}))
+        for request in plan.network_requests(cluster.spec, api.target):
+            if api.exists(request.resource, request.name):
+                continue
+            created[request.resource] = request.name
+            self._remember(cluster, created=created)  # before the insert: a crash keeps it
+            api.send(request)
+
+    def apply(self, cluster: Cluster, nodes: list[Node]) -> None:
+        api = self.api(cluster)
+        if not cluster.provider_state.get("project"):
+            self._remember(cluster, project=api.target.project)
+        key = self._ensure_client_side(cluster)
+        spec, target = cluster.spec, api.target
+        self._ensure_network(cluster, api)
+        for request in plan.firewall_requests(spec, target) + plan.placement_requests(spec, target):
+            api.send(request)
+        munge_key = plan.munge_key_value(key)
+        login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
+        for pool in spec["node_pools"]:
+            role = "controller" if pool["id"] == login else "worker"
+            api.send(plan.template_request(spec, pool, target, role=role, munge_key=munge_key))
+        existing = api.instances(cluster.cluster_id)
+        if names.controller_name(cluster.cluster_id) not in existing:
+            api.send(plan.controller_request(spec, target))
+        pools = {p["id"]: p for p in plan.compute_pools(spec)}
+        for pool_id, pool in pools.items():
+            missing = [
+                n.name for n in nodes if n.pool.pool_id == pool_id and n.name not in existing
+            ]
+            if missing:
+                api.send(
+                    plan.bulk_insert_request(spec, pool, target, missing),
+                    timeout=settings.MTC_GCE_OPERATION_TIMEOUT_S * 3,
+                )
+
+    def wait_ready(self, cluster: Cluster, names_: list[str], *, timeout: float) -> None:
+        """Every named node RUNNING and its startup script reported ``slurmd=ready``."""
+        api = self.api(cluster)
+        deadline = time.monotonic() + timeout
+        while True:
+            waiting, failed = self._not_ready(cluster, api, names_)
+            if failed:
+                raise ProviderError(
+                    "startup script failed on " + "; ".join(failed), code="NODE_SETUP_FAILED"
+                )
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    f"{len(waiting)} node(s) not ready yet: {', '.join(waiting[:10])}",
+                    code="TIMEOUT",
+                )
+            time.sleep(settings.MTC_GCE_POLL_S)
+
+    def _not_ready(
+        self, cluster: Cluster, api: ComputeApi, wanted: list[str]
+    ) -> tuple[list[str], list[str]]:
+        instances = api.instances(cluster.cluster_id)
+        controller = names.controller_name(cluster.cluster_id)
+        waiting, failed = [], []
+        for name in [controller, *wanted]:
+            inst = instances.get(name)
+            if inst is None or inst.status != RUNNING:
+                waiting.append(name)
+                continue
+            attrs = api.guest_attributes(name)
+            state = attrs.get("state", "")
+            if state.startswith("failed"):
+                failed.append(f"{name} ({state})")
+            elif attrs.get("slurmctld" if name == controller else "slurmd") != "ready":
+                waiting.append(name)
+        return waiting, failed
+
+    def dead_nodes(self, cluster: Cluster, nodes: list[Node]) -> list[Node]:
+        """Nodes whose instance is gone or stopped (e.g. a Spot VM that was preempted)."""
+        instances = self.api(cluster).instances(cluster.cluster_id)
+        return [
+            n for n in nodes if n.name not in instances or instances[n.name].status in GONE_STATES
+        ]
+
+    def controller_alive(self, cluster: Cluster) -> bool:
+        api = self.api(cluster)
+        controller = names.controller_name(cluster.cluster_id)
+        inst = api.instances(cluster.cluster_id).get(controller)
+        return bool(inst and inst.status == RUNNING and api.guest_attributes(controller))
+
+    # --- remove ------------------------------------------------------------------------
+    def _delete_instances(self, api: ComputeApi, instance_names: list[str]) -> None:
+        for name in instance_names:
+            api.send(plan.ApiRequest("instances", "delete", "zone", name))
+
+    def delete_nodes(self, cluster: Cluster, nodes: list[Node]) -> None:
+        self._delete_instances(self.api(cluster), [n.name for n in nodes])
+        try:  # dynamic nodes stay known to slurmctld until deleted there
+            self.slurm(cluster).node_delete([n.name for n in nodes])
+        except SlurmError as exc:
+            log.info("scontrol delete node on %s: %s", cluster.cluster_id, exc)
+
+    def delete_cluster(self, cluster: Cluster) -> None:
+        """Instances first, then what they used; networks only if mtc made them."""
+        root = self.root(cluster)
+        if not (cluster.provider_state or {}).get("project"):  # never reached Compute Engine
+            munge.stop(root)
+            shutil.rmtree(root, ignore_errors=True)
+            return
+        api = self.api(cluster)
+        spec, target = cluster.spec, api.target
+        self._delete_instances(api, sorted(api.instances(cluster.cluster_id)))
+        deletions = [
+            plan.ApiRequest(
+                "instanceTemplates",
+                "delete",
+                "global",
+                names.template_name(cluster.cluster_id, pool["id"]),
+            )
+            for pool in spec["node_pools"]
+        ]
+        deletions += [
+            plan.ApiRequest("resourcePolicies", "delete", "region", r.name)
+            for r in plan.placement_requests(spec, target)
+        ]
+        deletions += [
+            plan.ApiRequest("firewalls", "delete", "global", name)
+            for name in names.firewall_names(cluster.cluster_id)
+        ]
+        created = (cluster.provider_state or {}).get("created", {})
+        for resource, scope in (
+            ("globalAddresses", "global"),
+            ("subnetworks", "region"),
+            ("networks", "global"),
+        ):
+            if resource in created:
+                deletions.append(plan.ApiRequest(resource, "delete", scope, created[resource]))
+        for request in deletions:
+            api.send(request)
+        munge.stop(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+    # --- repairs -----------------------------------------------------------------------
+    def _recreate(self, cluster: Cluster, node: Node) -> str:
+        api = self.api(cluster)
+        api.send(plan.ApiRequest("instances", "delete", "zone", node.name))
+        template = names.template_name(cluster.cluster_id, node.pool.pool_id)
+        api.send(
+            plan.ApiRequest(
+                "instances",
+                "insert",
+                "zone",
+                node.name,
+                {"name": node.name},
+                query={"sourceInstanceTemplate": names.template_url(api.target.project, template)},
+            )
+        )
+        inst = api.instances(cluster.cluster_id).get(node.name)
+        return f"gce://{api.target.project}/{api.target.zone}/{node.name}#{inst.id if inst else ''}"
+
+    def reboot_node(self, cluster: Cluster, node: Node) -> None:
+        self.api(cluster).send(plan.ApiRequest("instances", "reset", "zone", node.name))
+
+    def reimage_node(self, cluster: Cluster, node: Node) -> None:
+        """A fresh boot disk from the pool's template (the instance is recreated)."""
+        self._recreate(cluster, node)
+
+    def replace_node(self, cluster: Cluster, node: Node) -> str:
+        """A new VM under the same name; Compute Engine places it on a new host."""
+        return self._recreate(cluster, node)
+
+
+def plan_describe(spec: dict) -> dict:
+    """The requests ``create`` would send for a validated gce spec, for people to read.
+    Works without a configured project (it shows a placeholder)."""
+    target = target_for(spec, settings.MTC_GCE_PROJECT or "PROJECT_ID")
+    return {
+        "project": target.project,
+        "zone": target.zone,
+        "region": target.region,
+        "requests": [r.describe(target) for r in plan.cluster_plan(spec, target)],
+    }

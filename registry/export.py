@@ -1,0 +1,130 @@
+"""A registered version's portable form: the run's final DCP checkpoint loaded into one
+whole transformers model (one process, no process group) and written with
+``save_pretrained`` (safetensors), beside a ``PreTrainedTokenizerFast`` around the run's
+tokenizer, so ``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained(dir)`` load it.
+
+Imported by the export task only: it loads torch and transformers. The whole model is
+held in this process's memory once (fp32, or bf16 for a bf16 run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+EXPORT_INFO = "mtc_export.json"
+# sft and rl learn "<bos> prompt response <eos>": a chat is the user's words as the
+# prompt, the model's answer right after them (system messages have no place in it).
+CHAT_RECIPES = ("sft", "rl")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ message['content'] }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% endif %}{% endfor %}"
+)
+
+
+class ExportError(Exception):
+    """The checkpoint cannot be exported (a permanent failure: retrying will not help)."""
+
+
+def _tokenizer(path: Path, max_length: int):
+    """The run's tokenizer with <|bos|> put before every text: the sft and rl recipes
+    train on ``<bos> prompt response <eos>``, so a plain ``tokenizer(prompt)`` prompts it
+    the way it learned."""
+    from tokenizers import Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from jobs.recipes.runtime.tokenizer import BOS, EOS, PAD
+
+    backend = Tokenizer.from_file(str(path))
+    bos_id = backend.token_to_id(BOS)
+    if bos_id is None or backend.token_to_id(EOS) is None or backend.token_to_id(PAD) is None:
+        raise ExportError(f"{path.name} lacks the {PAD}/{BOS}/{EOS} special tokens")
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        model_max_length=max_length,
+    )
+
+
+def _model(checkpoint: Path, tok):
+    import torch
+    from transformers import GenerationConfig
+
+    from jobs.recipes.runtime.checkpoint import checkpoint_json, checkpoint_load
+    from jobs.recipes.runtime.distributed import Dist
+    from jobs.recipes.runtime.model import hf_config
+    from jobs.recipes.runtime.presets import Preset
+
+    saved = checkpoint_json(checkpoint, "model.json")
+    if not saved:
+        raise ExportError("the checkpoint has no readable model.json (its model shape)")
+    preset = Preset.from_dict(saved)
+    config, cls = hf_config(
+        preset, pad_id=tok.pad_token_id, bos_id=tok.bos_token_id, eos_id=tok.eos_token_id
+    )
+    config.use_cache = True  # training turned it off; generation wants it
+    model = cls(config)
+    checkpoint_load(d=Dist(), path=checkpoint, model=model)  # DCP reshards to one process
+    state = checkpoint_json(checkpoint, "trainer_state.json") or {}
+    if (state.get("config") or {}).get("precision") == "bf16":
+        model = model.to(torch.bfloat16)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    model.eval()
+    return model, preset, state
+
+
+def checkpoint_export(*, checkpoint: Path, out_dir: Path, info: dict) -> dict:
+    """Write ``out_dir`` from the DCP ``checkpoint`` (atomically: a partial directory
+    renamed at the end). Returns what it wrote (``info`` is saved beside, as provenance)."""
+    from jobs.recipes.runtime.checkpoint import checkpoint_problem
+    from jobs.recipes.runtime.tokenizer import TOKENIZER_FILE
+
+    problem = checkpoint_problem(checkpoint)
+    if problem:
+        raise ExportError(f"{checkpoint}: {problem}")
+    if not (checkpoint / TOKENIZER_FILE).is_file():
+        raise ExportError(f"{checkpoint}: no {TOKENIZER_FILE}")
+    saved = json.loads((checkpoint / "model.json").read_text(encoding="utf-8"))
+    tok = _tokenizer(checkpoint / TOKENIZER_FILE, int(saved.get("max_position", 8192)))
+    model, preset, state = _model(checkpoint, tok)
+    if state.get("recipe") in CHAT_RECIPES or info.get("recipe") in CHAT_RECIPES:
+        tok.chat_template = CHAT_TEMPLATE
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        # transformers 5 always writes safetensors (model.safetensors + config.json).
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        summary = {
+            **info,
+            "checkpoint": str(checkpoint),
+            "step": state.get("step"),
+            "architecture": type(model).__name__,
+            "preset": preset.to_dict(),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "chat_template": bool(tok.chat_template),
+        }
+        (tmp / EXPORT_INFO).write_text(json.dumps(summary, indent=1) + "\n")
+        if out_dir.exists():  # an earlier attempt of the same version
+            shutil.rmtree(out_dir)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    summary["bytes"] = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
+    return summary

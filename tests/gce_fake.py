@@ -1,0 +1,341 @@
+"""A local stand-in for the Compute Engine REST API that records every request.
+
+The real google-cloud-compute clients (REST transport, anonymous credentials) are
+pointed here. It keeps resources in memory, answers inserts and deletes with
+Operations that go PENDING -> RUNNING -> DONE as they are polled, reports guest
+attributes the way a node's startup script would, and fails on demand (a stockout
+on bulkInsert, a 503 once)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+SCOPED = re.compile(
+    r"^/compute/v1/projects/(?P<project>[^/]+)"
+    r"(?:/(?P<scope>global|regions/[^/]+|zones/[^/]+))?/(?P<rest>.*)$"
+)
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict
+    body: dict | None
+
+    @property
+    def call(self) -> str:
+        """e.g. 'POST instances/bulkInsert' or 'DELETE instances/n-1' (no project/scope)."""
+        match = SCOPED.match(self.path)
+        return f"{self.method} {match['rest'] if match else self.path}"
+
+
+@dataclass
+class FakeCompute:
+    requests: list[Recorded] = field(default_factory=list)
+    resources: dict[tuple[str, str], dict] = field(default_factory=dict)  # (kind, name)
+    operations: dict[str, dict] = field(default_factory=dict)
+    stockout: bool = False  # bulkInsert ends with ZONE_RESOURCE_POOL_EXHAUSTED
+    fail_once: list[tuple[str, str, int]] = field(default_factory=list)  # method, path, status
+    never_ready: set[str] = field(default_factory=set)  # instances whose script hangs
+    ids: itertools.count = field(default_factory=lambda: itertools.count(1000))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # --- what tests look at --------------------------------------------------
+    def calls(self, method: str | None = None) -> list[str]:
+        return [
+            r.call
+            for r in self.requests
+            if (method is None or r.method == method) and "/operations/" not in r.path
+        ]
+
+    def writes(self) -> list[Recorded]:
+        return [r for r in self.requests if r.method in ("POST", "DELETE", "PUT", "PATCH")]
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(name for k, name in self.resources if k == kind)
+
+    def clear_log(self) -> None:
+        self.requests.clear()
+
+    # --- behaviour -------------------------------------------------------------
+    def _operation(
+        self,
+        kind: str,
+        name: str,
+        verb: str,
+        scope: str,
+        *,
+        error: dict | None = None,
+        on_done=None,
+    ) -> dict:
+        op_name = f"operation-{next(self.ids)}"
+        op = {
+            "kind": "compute#operation",
+            "id": str(next(self.ids)),
+            "name": op_name,
+            "operationType": verb,
+            "targetLink": f"{scope}/{kind}/{name}",
+            "status": "PENDING",
+            "progress": 0,
+        }
+        self.operations[op_name] = {"op": op, "error": error, "on_done": on_done}
+        return dict(op)
+
+    def _advance(self, op_name: str) -> dict | None:
+        entry = self.operations.get(op_name)
+        if entry is None:
+            return None
+        op = entry["op"]
+        if op["status"] == "PENDING":
+            op["status"] = "RUNNING"
+        elif op["status"] == "RUNNING":
+            op["status"] = "DONE"
+            op["progress"] = 100
+            if entry["error"]:
+                op["error"] = {"errors": [entry["error"]]}
+                op["httpErrorStatusCode"] = 503
+            elif entry["on_done"]:
+                entry["on_done"]()
+        return dict(op)
+
+    def _new_instance(self, name: str, template: dict | None) -> dict:
+        props = (template or {}).get("properties", {})
+        return {
+            "kind": "compute#instance",
+            "id": str(next(self.ids)),
+            "name": name,
+            "status": "PROVISIONING",
+            "labels": dict(props.get("labels", {})),
+            "machineType": props.get("machineType", ""),
+            "sourceInstanceTemplate": (template or {}).get("name", ""),
+            "networkInterfaces": [{"networkIP": f"10.128.0.{len(self.resources) % 250 + 2}"}],
+        }
+
+    def handle(self, method: str, raw_path: str, body: dict | None) -> tuple[int, dict]:
+        url = urlparse(raw_path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        with self.lock:
+            self.requests.append(Recorded(method, url.path, query, body))
+            for i, (fail_method, part, status) in enumerate(self.fail_once):
+                if method == fail_method and part in url.path:
+                    del self.fail_once[i]
+                    return status, {
+                        "error": {
+                            "code": status,
+                            "message": "Backend unavailable",
+                            "errors": [{"reason": "backendError", "message": "try again"}],
+                        }
+                    }
+            match = SCOPED.match(url.path)
+            if not match:
+                return 404, _error(404, "notFound", f"no route {url.path}")
+            scope, rest = match["scope"] or "global", match["rest"]
+            parts = rest.split("/")
+            kind = parts[0]
+            if kind == "operations" and method == "GET":
+                op = self._advance(parts[1])
+                return (200, op) if op else (404, _error(404, "notFound", "no such operation"))
+            if method == "POST" and len(parts) == 1:
+                return self._insert(kind, scope, body or {}, query)
+            if method == "POST" and parts[1:] == ["bulkInsert"]:
+                return self._bulk_insert(scope, body or {})
+            if method == "GET" and len(parts) == 1:
+                return 200, self._list(kind, query)
+            name = parts[1]
+            if method == "GET" and len(parts) == 3 and parts[2] == "getGuestAttributes":
+                return self._guest_attributes(name)
+            if method == "GET":
+                res = self.resources.get((kind, name))
+                return (200, res) if res else (404, _error(404, "notFound", f"{kind}/{name}"))
+            if method == "DELETE":
+                if (kind, name) not in self.resources:
+                    return 404, _error(
+                        404, "notFound", f"The resource '{kind}/{name}' was not found"
+                    )
+                return 200, self._operation(
+                    kind,
+                    name,
+                    "delete",
+                    scope,
+                    on_done=lambda: self.resources.pop((kind, name), None),
+                )
+            if method == "POST" and len(parts) == 3 and parts[2] == "reset":
+                if (kind, name) not in self.resources:
+                    return 404, _error(404, "notFound", f"{kind}/{name}")
+                return 200, self._operation(kind, name, "reset", scope)
+        return 400, _error(400, "invalid", f"unsupported {method} {url.path}")
+
+    def _insert(self, kind: str, scope: str, body: dict, query: dict) -> tuple[int, dict]:
+        name = body.get("name", "")
+        if (kind, name) in self.resources:
+            return 409, _error(409, "alreadyExists", f"The resource '{kind}/{name}' already exists")
+        if kind == "instances":
+            template = self._template(query.get("sourceInstanceTemplate", ""))
+            resource = self._new_instance(name, template)
+            self.resources[(kind, name)] = resource
+            return 200, self._operation(
+                kind, name, "insert", scope, on_done=lambda: resource.update(status="RUNNING")
+            )
+        resource = {**body, "id": str(next(self.ids)), "selfLink": f"{scope}/{kind}/{name}"}
+        return 200, self._operation(
+            kind,
+            name,
+            "insert",
+            scope,
+            on_done=lambda: self.resources.setdefault((kind, name), resource),
+        )
+
+    def _template(self, url: str) -> dict | None:
+        return self.resources.get(("instanceTemplates", url.rsplit("/", 1)[-1]))
+
+    def _bulk_insert(self, scope: str, body: dict) -> tuple[int, dict]:
+        wanted = list(body.get("perInstanceProperties", {}))
+        if self.stockout:
+            return 200, self._operation(
+                "instances",
+                "bulkInsert",
+                "bulkInsert",
+                scope,
+                error={
+                    "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                    "message": "The zone 'projects/p/zones/z' does not have enough resources "
+                    "available to fulfill the request. Try a different zone, or try again later.",
+                },
+            )
+        taken = [n for n in wanted if ("instances", n) in self.resources]
+        if taken:
+            return 409, _error(409, "alreadyExists", f"instances exist: {', '.join(taken)}")
+        template = self._template(body.get("sourceInstanceTemplate", ""))
+        made = [self._new_instance(n, template) for n in wanted]
+        for inst in made:
+            self.resources[("instances", inst["name"])] = inst
+
+        def running() -> None:
+            for inst in made:
+                inst["status"] = "RUNNING"
+
+        return 200, self._operation("instances", "bulkInsert", "bulkInsert", scope, on_done=running)
+
+    def _list(self, kind: str, query: dict) -> dict:
+        items = [r for (k, _), r in sorted(self.resources.items()) if k == kind]
+        match = re.match(r"labels\.([\w-]+)=(\S+)", query.get("filter", ""))
+        if match:
+            items = [r for r in items if r.get("labels", {}).get(match[1]) == match[2]]
+        return {"kind": f"compute#{kind}List", "items": items}
+
+    def _guest_attributes(self, name: str) -> tuple[int, dict]:
+        inst = self.resources.get(("instances", name))
+        if not inst or inst["status"] != "RUNNING" or name in self.never_ready:
+            return 404, _error(404, "notFound", "The resource was not found")
+        role = "slurmctld" if name.endswith("-controller") else "slurmd"
+        items = [
+            {"namespace": "mtc", "key": "state", "value": "ready"},
+            {"namespace": "mtc", "key": role, "value": "ready"},
+        ]
+        return 200, {"queryPath": "mtc/", "queryValue": {"items": items}}
+
+
+def _error(code: int, reason: str, message: str) -> dict:
+    return {
+        "error": {
+            "code": code,
+            "message": message,
+            "errors": [{"reason": reason, "message": message}],
+        }
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeCompute
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else None
+        status, payload = self.server.fake.handle(self.command, self.path, body)
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+
+class FakeServer:
+    """The HTTP server on 127.0.0.1:<free port>, in a thread."""
+
+    def __init__(self, fake) -> None:
+        self.fake = fake
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.fake = fake
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_port}"
+
+    def __enter__(self) -> FakeServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FakeSlurm:
+    """Slurm's side of a cloud cluster, as seen from mtc: every RUNNING worker instance
+    of the fake Compute API is a node, idle unless drained. Records what mtc asks."""
+
+    def __init__(self, fake: FakeCompute) -> None:
+        self.fake = fake
+        self.drained: list[str] = []
+        self.deleted: list[str] = []
+        self.updates: list[tuple[tuple[str, ...], str]] = []
+
+    def nodes(self):
+        from jobs.slurm.client import SlurmNode
+
+        out = []
+        for (kind, name), inst in sorted(self.fake.resources.items()):
+            if kind != "instances" or name.endswith("-controller"):
+                continue
+            if inst["status"] != "RUNNING" or name in self.deleted:
+                continue
+            flags = ("DRAIN",) if name in self.drained else ()
+            out.append(SlurmNode(name, "IDLE", flags, "", 2, ""))
+        return out
+
+    def node_update(self, names: list[str], *, state: str, reason: str = "") -> None:
+        self.updates.append((tuple(names), state))
+        if state == "DRAIN":
+            self.drained += names
+        elif state == "RESUME":
+            self.drained = [n for n in self.drained if n not in names]
+
+    def job(self, job_id: str):
+        return None  # no jobs run on the fake cluster
+
+    def node_jobs(self, name: str) -> list[str]:
+        return []
+
+    def node_delete(self, names: list[str]) -> None:
+        self.deleted += names
+
+    def ping(self) -> bool:
+        return True
+
+    def cancel_all(self) -> None:
+        pass

@@ -1,0 +1,124 @@
+"""The gce plan (what create would send), shown by the CLI and the wizard, and how
+Compute Engine errors are classified. No network: the plan is pure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management import call_command
+from google.api_core import exceptions as gexc
+
+from clusters.providers.gce.errors import Transient, from_http
+from clusters.reference_architectures import architecture_get
+
+from .test_pages import POOLS, SLURM, html, walk_wizard, wizard
+
+
+@pytest.fixture
+def operator_client(client, operator):
+    client.force_login(operator)
+    return client
+
+
+def _plan_text(tmp_path, capsys, *flags) -> str:
+    spec_file = tmp_path / "a3u.json"
+    spec_file.write_text(json.dumps(architecture_get("a3-ultra-pretraining").build_spec()))
+    call_command("mtc", "cluster", "plan", "-f", str(spec_file), *flags)
+    return capsys.readouterr().out
+
+
+@pytest.mark.django_db
+def test_cli_plan_of_a3_ultra_shows_the_requests(tmp_path, capsys, settings):
+    settings.MTC_GCE_PROJECT = "my-project"
+    plan = json.loads(_plan_text(tmp_path, capsys, "--json"))
+    requests = {r["method"]: r for r in plan["requests"]}
+    assert requests["compute.networks.insert"]["body"]["mtu"] == 8896
+    policy = requests["compute.resourcePolicies.insert"]["body"]
+    assert policy["groupPlacementPolicy"] == {"collocation": "COLLOCATED"}
+    templates = [r["body"] for r in plan["requests"] if r["method"].endswith("Templates.insert")]
+    gpu = next(t["properties"] for t in templates if t["name"] == "a3u-pretrain-a3u")
+    assert gpu["machineType"] == "a3-ultragpu-8g"
+    assert gpu["guestAccelerators"] == [
+        {"acceleratorType": "nvidia-h200-141gb", "acceleratorCount": 8}
+    ]
+    assert gpu["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["a3u-reservation"],
+    }
+    bulk = requests["compute.instances.bulkInsert"]
+    assert bulk["body"]["count"] == "16" and len(bulk["body"]["perInstanceProperties"]) == 16
+    assert bulk["http"] == (
+        "POST /compute/v1/projects/my-project/zones/us-central1-a/instances/bulkInsert"
+    )
+    # The secret never appears in a plan.
+    assert "generated at create, not shown" in json.dumps(plan)
+
+    text = _plan_text(tmp_path, capsys)
+    assert "10 Compute Engine requests for cluster a3u-pretrain" in text
+    assert "--- metadata startup-script:" in text and "mount_once 10.0.0.2:/home /home" in text
+    assert "SlurmctldParameters=enable_configless" in text
+
+
+@pytest.mark.django_db
+def test_cli_plan_rejects_a_bad_spec_and_a_local_one(tmp_path):
+    from django.core.management.base import CommandError
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"cluster_id": "Bad", "provider": "gce"}))
+    with pytest.raises(CommandError, match="cluster_id"):
+        call_command("mtc", "cluster", "plan", "-f", str(bad))
+    local = tmp_path / "local.json"
+    local.write_text(json.dumps(architecture_get("local-dev").build_spec()))
+    with pytest.raises(CommandError, match="no cloud requests"):
+        call_command("mtc", "cluster", "plan", "-f", str(local))
+
+
+def test_wizard_review_lists_the_compute_engine_requests(operator_client):
+    basics = {
+        "cluster_id": "wizg",
+        "display_name": "",
+        "provider": "gce",
+        "zone": "us-central1-a",
+        "labels": "",
+    }
+    pools = {
+        **POOLS,
+        "login-login_machine_type": "n2-standard-8",
+        "pools-0-machine_type": "a3-ultragpu-8g",
+    }
+    walk_wizard(operator_client, basics=basics, pools=pools, slurm=SLURM)
+    page = html(operator_client.get(wizard("review")))
+    assert 'data-testid="cloud-requests"' in page
+    assert "compute.instances.bulkInsert" in page and "compute.instanceTemplates.insert" in page
+    assert "nvidia-h200-141gb" in page
+
+
+def test_local_review_has_no_cloud_requests(operator_client):
+    walk_wizard(operator_client)
+    assert 'data-testid="cloud-requests"' not in html(operator_client.get(wizard("review")))
+
+
+def _api_error(cls, reason: str, message: str):
+    return cls(message, errors=[{"reason": reason, "message": message}])
+
+
+def test_errors_are_classified_for_people():
+    quota = from_http(
+        _api_error(gexc.Forbidden, "quotaExceeded", "Quota 'GPUS' exceeded"),
+        where="instances.bulkInsert",
+    )
+    assert quota.code == "QUOTA_EXCEEDED" and quota.permanent and "Quotas" in str(quota)
+    denied = from_http(
+        _api_error(gexc.Forbidden, "forbidden", "Required 'compute.instances.create' permission"),
+        where="instances.insert",
+    )
+    assert denied.code == "PERMISSION_DENIED" and "compute.instances.create" in str(denied)
+    assert isinstance(from_http(gexc.ServiceUnavailable("down"), where="x"), Transient)
+    assert isinstance(
+        from_http(_api_error(gexc.Forbidden, "rateLimitExceeded", "slow down"), where="x"),
+        Transient,
+    )
+    bad = from_http(_api_error(gexc.BadRequest, "invalid", "Invalid value for field"), where="x")
+    assert bad.permanent and "Invalid value" in str(bad)

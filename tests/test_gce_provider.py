@@ -1,0 +1,256 @@
+"""The gce provider against a local recording Compute Engine endpoint: the real
+google-cloud-compute clients (REST, anonymous credentials) send every request to
+tests/gce_fake.py, which answers like the API. Slurm on the cluster is FakeSlurm."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from clusters.models import Cluster, Node
+from clusters.providers.base import get_provider
+from clusters.providers.gce import GceProvider
+from clusters.reference_architectures import architecture_get
+
+from .gce_fake import FakeCompute, FakeServer, FakeSlurm
+
+CID = "a3u-pretrain"
+
+
+@pytest.fixture
+def compute(transactional_db, settings, monkeypatch):
+    fake = FakeCompute()
+    with FakeServer(fake) as server:
+        settings.CELERY_TASK_ALWAYS_EAGER = True
+        settings.MTC_GCE_API_ENDPOINT = server.url
+        settings.MTC_GCE_ANONYMOUS = True
+        settings.MTC_GCE_PROJECT = "mtc-test"
+        settings.MTC_GCE_POLL_S = 0.005
+        settings.MTC_GCE_RETRIES = 2
+        settings.MTC_GCE_READY_TIMEOUT_S = 5
+        slurm = FakeSlurm(fake)
+        monkeypatch.setattr(GceProvider, "slurm", lambda self, cluster: slurm)
+        fake.slurm = slurm
+        yield fake
+        for cluster in Cluster.objects.all():  # stop the local munged of each cluster
+            get_provider(cluster.provider).delete_cluster(cluster)
+
+
+def a3u_spec(nodes: int = 4) -> dict:
+    spec = copy.deepcopy(architecture_get("a3-ultra-pretraining").build_spec())
+    for pool in spec["node_pools"]:
+        if pool["id"] == "a3u":
+            pool["scaling_spec"] = {"min_node_count": nodes, "max_node_count": 8}
+    return spec
+
+
+def operation(api, response) -> dict:
+    assert response.status_code == 202, response.content
+    return api.get(f"/api/v1/operations/{response.json()['id']}").json()
+
+
+def bodies(fake: FakeCompute, call: str) -> list[dict]:
+    return [r.body for r in fake.requests if r.call == call]
+
+
+def test_create_sends_network_placement_templates_and_bulk_insert(compute, operator_api):
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(), format="json"))
+    assert op["state"] == "SUCCEEDED", op
+    cluster = operator_api.get(f"/api/v1/clusters/{CID}").json()
+    assert cluster["state"] == "RUNNING"
+
+    posts = compute.calls("POST")
+    assert posts == [
+        "POST networks",
+        "POST subnetworks",
+        "POST addresses",
+        "POST firewalls",
+        "POST firewalls",
+        "POST resourcePolicies",
+        "POST instanceTemplates",
+        "POST instanceTemplates",
+        "POST instances",
+        "POST instances/bulkInsert",
+    ]
+    (network,) = bodies(compute, "POST networks")
+    assert network["mtu"] == 8896 and network["autoCreateSubnetworks"] is False
+    (policy,) = bodies(compute, "POST resourcePolicies")
+    assert policy["groupPlacementPolicy"]["collocation"] == "COLLOCATED"
+    templates = {t["name"]: t["properties"] for t in bodies(compute, "POST instanceTemplates")}
+    gpu = templates[f"{CID}-a3u"]
+    assert gpu["machineType"] == "a3-ultragpu-8g"
+    assert gpu["guestAccelerators"] == [
+        {"acceleratorType": "nvidia-h200-141gb", "acceleratorCount": 8}
+    ]
+    assert gpu["reservationAffinity"]["consumeReservationType"] == "SPECIFIC_RESERVATION"
+    assert gpu["reservationAffinity"]["values"] == ["a3u-reservation"]
+    assert gpu["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert gpu["networkInterfaces"][0]["nicType"] == "GVNIC"
+    assert gpu["resourcePolicies"] == [f"{CID}-a3u-compact"]
+    assert gpu["labels"]["mtc-cluster"] == CID
+    metadata = {item["key"]: item["value"] for item in gpu["metadata"]["items"]}
+    assert "mount -t" in metadata["startup-script"] or "mount_once" in metadata["startup-script"]
+    assert "--conf-server a3u-pretrain-controller" in metadata["startup-script"]
+    assert "Gres=gpu:h200:8" in metadata["startup-script"]
+    assert len(metadata["mtc-munge-key"]) > 1000  # the real key, base64
+    controller = templates[f"{CID}-login"]
+    assert (
+        "NodeSet=a3u Feature=a3u"
+        in {i["key"]: i["value"] for i in controller["metadata"]["items"]}["mtc-slurm-conf"]
+    )
+    (bulk,) = bodies(compute, "POST instances/bulkInsert")
+    assert bulk["count"] == "4" and bulk["minCount"] == "4"
+    assert sorted(bulk["perInstanceProperties"]) == [f"{CID}-a3u-{i}" for i in range(4)]
+    assert bulk["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-a3u")
+    (ctl,) = [r for r in compute.requests if r.call == "POST instances"]
+    assert ctl.body == {"name": f"{CID}-controller"}
+    assert ctl.query["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-login")
+    nodes = operator_api.get(f"/api/v1/clusters/{CID}/nodes").json()
+    assert len(nodes["results"] if "results" in nodes else nodes) == 4
+
+
+def test_resize_adds_with_bulk_insert_and_removes_after_drain(compute, operator_api):
+    operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(), format="json"))
+    compute.clear_log()
+
+    def resize(count: int) -> dict:
+        patch = {
+            "node_pools": [
+                {"id": "a3u", "scaling_spec": {"min_node_count": count, "max_node_count": 8}}
+            ]
+        }
+        return operation(
+            operator_api, operator_api.patch(f"/api/v1/clusters/{CID}", patch, format="json")
+        )
+
+    assert resize(6)["state"] == "SUCCEEDED"
+    assert compute.calls("POST") == ["POST instances/bulkInsert"]  # nothing else is remade
+    (bulk,) = bodies(compute, "POST instances/bulkInsert")
+    assert sorted(bulk["perInstanceProperties"]) == [f"{CID}-a3u-4", f"{CID}-a3u-5"]
+    compute.clear_log()
+
+    assert resize(3)["state"] == "SUCCEEDED"
+    gone = [f"{CID}-a3u-{i}" for i in (3, 4, 5)]
+    assert compute.slurm.drained == gone  # drained in Slurm before the machines go
+    assert compute.calls("DELETE") == [f"DELETE instances/{name}" for name in gone]
+    assert compute.calls("POST") == []
+    assert compute.names("instances") == [f"{CID}-a3u-{i}" for i in range(3)] + [
+        f"{CID}-controller"
+    ]
+    assert Node.objects.filter(cluster__cluster_id=CID).count() == 3
+
+
+def test_repairs_reset_recreate_and_replace(compute, operator_api):
+    operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(2), format="json"))
+    cluster = Cluster.objects.get(cluster_id=CID)
+    node = cluster.nodes.select_related("pool").get(index=1)
+    provider = get_provider("gce")
+    compute.clear_log()
+
+    provider.reboot_node(cluster, node)
+    assert compute.calls() == [f"POST instances/{node.name}/reset"]
+    compute.clear_log()
+
+    before = compute.resources[("instances", node.name)]["id"]
+    provider.reimage_node(cluster, node)
+    assert compute.calls("DELETE") == [f"DELETE instances/{node.name}"]
+    (insert,) = [r for r in compute.requests if r.call == "POST instances"]
+    assert insert.body == {"name": node.name}
+    assert insert.query["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-a3u")
+    compute.clear_log()
+
+    provider_id = provider.replace_node(cluster, node)
+    after = compute.resources[("instances", node.name)]["id"]
+    assert after != before and provider_id.endswith(f"#{after}")
+    assert compute.calls("DELETE") == [f"DELETE instances/{node.name}"]
+    assert [r.call for r in compute.writes()] == [
+        f"DELETE instances/{node.name}",
+        "POST instances",
+    ]
+
+
+def test_a_reboot_repair_drains_resets_and_returns_the_node(compute, operator_api):
+    operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(2), format="json"))
+    compute.clear_log()
+    node = f"{CID}-a3u-0"
+    response = operator_api.post(
+        f"/api/v1/clusters/{CID}/nodes/{node}/repair", {"action": "reboot"}, format="json"
+    )
+    op = operation(operator_api, response)
+    assert op["state"] == "SUCCEEDED", op
+    assert [r.call for r in compute.writes()] == [f"POST instances/{node}/reset"]
+    assert compute.slurm.updates[0] == ((node,), "DRAIN")
+    assert compute.slurm.updates[-1] == ((node,), "RESUME")
+
+
+def test_delete_removes_everything_create_made(compute, operator_api):
+    operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(2), format="json"))
+    made = {k for k in compute.resources}
+    assert ("networks", f"{CID}-net") in made
+    op = operation(operator_api, operator_api.delete(f"/api/v1/clusters/{CID}"))
+    assert op["state"] == "SUCCEEDED", op
+    assert compute.resources == {}
+    deleted = {
+        tuple(r.call.split(" ", 1)[1].split("/")[:2])
+        for r in compute.requests
+        if r.method == "DELETE"
+    }
+    assert deleted == made
+    assert not Cluster.objects.filter(cluster_id=CID).exists()
+
+
+def test_delete_keeps_a_network_mtc_did_not_make(compute, operator_api):
+    compute.resources[("networks", "shared")] = {"name": "shared"}
+    compute.resources[("subnetworks", "shared")] = {"name": "shared"}
+    spec = a3u_spec(1)
+    spec["network"] = {"network": "shared", "subnetwork": "shared", "mtu": 8896}
+    operation(operator_api, operator_api.post("/api/v1/clusters", spec, format="json"))
+    assert "POST networks" not in compute.calls("POST")
+    operation(operator_api, operator_api.delete(f"/api/v1/clusters/{CID}"))
+    assert set(compute.resources) == {("networks", "shared"), ("subnetworks", "shared")}
+
+
+def test_stockout_leaves_error_and_retry_completes_without_duplicates(
+    compute, operator_api, client, operator
+):
+    compute.stockout = True
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(), format="json"))
+    assert op["state"] == "FAILED" and op["error"]["code"] == "STOCKOUT"
+    cluster = operator_api.get(f"/api/v1/clusters/{CID}").json()
+    assert cluster["state"] == "ERROR"
+    client.force_login(operator)
+    page = client.get(f"/clusters/{CID}/").content.decode()
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in page and "no capacity" in page
+    assert 'data-testid="retry"' in page
+
+    compute.stockout = False
+    op = operation(operator_api, operator_api.post(f"/api/v1/clusters/{CID}/retry"))
+    assert op["state"] == "SUCCEEDED", op
+    assert operator_api.get(f"/api/v1/clusters/{CID}").json()["state"] == "RUNNING"
+    # Everything made once: the retry only sent what was missing.
+    posts = compute.calls("POST")
+    assert posts.count("POST networks") == 1 and posts.count("POST instanceTemplates") == 2
+    assert posts.count("POST instances") == 1  # the controller
+    assert posts.count("POST instances/bulkInsert") == 2  # the stockout, then the retry
+    assert len(compute.names("instances")) == 5
+    response = operator_api.post(f"/api/v1/clusters/{CID}/retry")
+    assert response.status_code == 409
+
+
+def test_transient_errors_are_retried_and_a_rerun_creates_nothing(compute, operator_api):
+    compute.fail_once.append(("POST", "/instanceTemplates", 503))
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(2), format="json"))
+    assert op["state"] == "SUCCEEDED", op
+    assert compute.calls("POST").count("POST instanceTemplates") == 3  # 503, then both
+    compute.clear_log()
+    cluster = Cluster.objects.get(cluster_id=CID)
+    get_provider("gce").apply(cluster, list(cluster.nodes.select_related("pool")))
+    assert compute.calls("POST") == []  # all there: only looked
+
+
+def test_nodes_that_never_report_ready_time_out_with_their_names(compute, operator_api):
+    compute.never_ready.add(f"{CID}-a3u-1")
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(2), format="json"))
+    assert op["state"] == "FAILED" and op["error"]["code"] == "TIMEOUT"
+    assert f"{CID}-a3u-1" in op["error"]["message"]
