@@ -503,7 +503,9 @@ def validate_cluster_spec(data: Any) -> dict:
         hint="Ids are lowercase letters, digits and -, starting with a letter (≤31).",
     )
     c.string(spec.get("display_name"), "display_name", required=False, max_len=200)
-    provider = c.string(spec.get("provider", "local"), "provider", choices=PROVIDERS) or "local"
+    # A spec that names no provider gets the installation's (MTC_PROVIDER, "local" by default).
+    default = settings.MTC_PROVIDER
+    provider = c.string(spec.get("provider", default), "provider", choices=PROVIDERS) or default
     c.string(
         spec.get("zone"),
         "zone",
@@ -539,7 +541,7 @@ def validate_cluster_spec(data: Any) -> dict:
 def normalize(spec: dict) -> dict:
     """Fill in defaults so the stored spec says everything explicitly."""
     spec = copy.deepcopy(spec)
-    spec.setdefault("provider", "local")
+    spec.setdefault("provider", settings.MTC_PROVIDER)
     spec.setdefault("display_name", spec["cluster_id"])
     spec.setdefault("labels", {})
     for pool in spec["node_pools"]:

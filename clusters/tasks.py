@@ -1,11 +1,15 @@
 """Thin Celery tasks: look the row up by id, call a service."""
 
+import logging
+
 from celery import shared_task
 from celery.signals import worker_ready
 
 from . import operations
 from .choices import CLUSTER_LIVE_STATES
 from .models import Cluster
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True)
@@ -28,6 +32,21 @@ def clusters_reconcile_all() -> dict:
         "resumed": operations.operations_resume(),
         "restored": operations.clusters_restore(),
     }
+
+
+@shared_task(ignore_result=True)
+def cloud_metrics_export_all() -> int:
+    """mtc's figures for every live gce cluster, to Cloud Monitoring."""
+    from .providers.base import ProviderError
+    from .providers.gce.export import cloud_metrics_export
+
+    written = 0
+    for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES, provider="gce"):
+        try:
+            written += cloud_metrics_export(cluster=cluster)
+        except ProviderError as exc:  # one project's trouble does not stop the others
+            log.warning("metrics export for %s: %s", cluster.cluster_id, exc)
+    return written
 
 
 @worker_ready.connect

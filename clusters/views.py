@@ -10,6 +10,7 @@ from collections import Counter
 from functools import wraps
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -407,7 +408,10 @@ def _step_forms(request, step: str, data: dict) -> dict:
     stored = data.get(step)
     provider = data.get("basics", {}).get("provider", "local")
     if step == "basics":
-        initial = stored or {"cluster_id": forms.suggest_cluster_id(), "provider": "local"}
+        initial = stored or {
+            "cluster_id": forms.suggest_cluster_id(),
+            "provider": settings.MTC_PROVIDER,
+        }
         return {"form": forms.BasicsForm(post, initial=initial)}
     if step == "pools":
         if stored:

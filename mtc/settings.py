@@ -4,6 +4,7 @@ MTC_DATA_DIR  where SQLite, local clusters and secrets live (default ./var)
 MTC_PORT      the web server's port (default 8000)
 DATABASE_URL  default: SQLite in MTC_DATA_DIR; postgres://... for PostgreSQL
 REDIS_URL     Celery's broker (default redis://127.0.0.1:6389/0, the Redis `make run` starts)
+MTC_PROVIDER  local (default) or gce; MTC_GCE_* configure the gce provider (README)
 """
 
 import os
@@ -11,6 +12,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("MTC_DATA_DIR", BASE_DIR / "var")).resolve()
@@ -166,6 +168,7 @@ CELERY_BEAT_SCHEDULE = {
     "registry-poll": {"task": "registry.tasks.registrations_poll", "schedule": 5.0},
     "serving-reconcile": {"task": "serving.tasks.endpoints_reconcile_all", "schedule": 3.0},
     "tensorboard-idle": {"task": "jobs.tasks.tensorboards_stop_idle", "schedule": 60.0},
+    "cloud-metrics-export": {"task": "clusters.tasks.cloud_metrics_export_all", "schedule": 60.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
@@ -184,6 +187,12 @@ MTC_OPERATION_STEP_DELAY = float(os.environ.get("MTC_OPERATION_STEP_DELAY", "0")
 # A cluster's TensorBoard (one process, reached through mtc) stops after this long idle.
 MTC_TENSORBOARD_IDLE_S = float(os.environ.get("MTC_TENSORBOARD_IDLE_S", "900"))
 
+# The provider a spec gets when it names none, and what `make run` sets up: "local"
+# (a demo cluster of Slurm daemons on this machine) or "gce" (checks the project).
+MTC_PROVIDER = os.environ.get("MTC_PROVIDER", "local")
+if MTC_PROVIDER not in ("local", "gce"):
+    raise ImproperlyConfigured(f"MTC_PROVIDER must be local or gce, not {MTC_PROVIDER!r}")
+
 # The gce provider (README, "Running on Compute Engine"). Credentials are Application
 # Default Credentials; MTC_GCE_API_ENDPOINT points every client elsewhere (tests).
 MTC_GCE_PROJECT = os.environ.get("MTC_GCE_PROJECT", "")
@@ -192,6 +201,7 @@ MTC_GCE_IMAGE = os.environ.get(
 )
 MTC_GCE_SUBNET_RANGE = os.environ.get("MTC_GCE_SUBNET_RANGE", "10.128.0.0/20")
 MTC_GCE_API_ENDPOINT = os.environ.get("MTC_GCE_API_ENDPOINT", "")
+# Cloud Monitoring's client speaks gRPC only: host:port here (plain text when anonymous).
 MTC_GCE_MONITORING_ENDPOINT = os.environ.get("MTC_GCE_MONITORING_ENDPOINT", "")
 MTC_GCE_ANONYMOUS = os.environ.get("MTC_GCE_ANONYMOUS", "0") == "1"
 MTC_GCE_POLL_S = float(os.environ.get("MTC_GCE_POLL_S", "1.0"))

@@ -339,3 +339,89 @@ class FakeSlurm:
 
     def cancel_all(self) -> None:
         pass
+
+
+class FakeMonitoring:
+    """Cloud Monitoring's MetricService on a local plain-text gRPC port: the real
+    google-cloud-monitoring client (its only transport is gRPC) talks to it. Keeps the
+    series it is given or sent; ListTimeSeries filters by metric type and instance."""
+
+    def __init__(self) -> None:
+        import grpc
+        from concurrent import futures
+
+        from google.cloud import monitoring_v3
+        from google.protobuf import empty_pb2
+
+        self.series: list = []  # monitoring_v3.TimeSeries
+        self.list_requests: list = []
+        self.create_requests: list = []
+        m = monitoring_v3
+        handlers = {
+            "ListTimeSeries": grpc.unary_unary_rpc_method_handler(
+                self._list,
+                request_deserializer=m.ListTimeSeriesRequest.deserialize,
+                response_serializer=m.ListTimeSeriesResponse.serialize,
+            ),
+            "CreateTimeSeries": grpc.unary_unary_rpc_method_handler(
+                self._create,
+                request_deserializer=m.CreateTimeSeriesRequest.deserialize,
+                response_serializer=empty_pb2.Empty.SerializeToString,
+            ),
+        }
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("google.monitoring.v3.MetricService", handlers),)
+        )
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FakeMonitoring:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.stop(grace=None)
+
+    def add_gpu_points(self, instance: str, metric_type: str, gpu: int, points) -> None:
+        """Points [(datetime, value)] as the Ops Agent would publish them."""
+        from google.cloud import monitoring_v3 as m
+
+        self.series.append(
+            m.TimeSeries(
+                metric={"type": metric_type, "labels": {"gpu_number": str(gpu)}},
+                resource={"type": "gce_instance", "labels": {"instance_id": "1"}},
+                metadata={"system_labels": {"name": instance}},
+                points=[
+                    m.Point(
+                        interval=m.TimeInterval(end_time=when),
+                        value=m.TypedValue(double_value=value),
+                    )
+                    for when, value in points
+                ],
+            )
+        )
+
+    def _list(self, request, context):
+        from google.cloud import monitoring_v3 as m
+
+        self.list_requests.append(request)
+        metric = re.search(r'metric\.type = "([^"]+)"', request.filter)
+        name = re.search(r'metadata\.system_labels\.name = "([^"]+)"', request.filter)
+        found = [
+            s
+            for s in self.series
+            if (not metric or s.metric.type == metric[1])
+            and (not name or s.metadata.system_labels["name"] == name[1])
+        ]
+        return m.ListTimeSeriesResponse(time_series=found)
+
+    def _create(self, request, context):
+        from google.protobuf import empty_pb2
+
+        self.create_requests.append(request)
+        self.series.extend(request.time_series)
+        return empty_pb2.Empty()

@@ -122,3 +122,28 @@ def test_errors_are_classified_for_people():
     )
     bad = from_http(_api_error(gexc.BadRequest, "invalid", "Invalid value for field"), where="x")
     assert bad.permanent and "Invalid value" in str(bad)
+
+
+@pytest.mark.django_db
+def test_make_run_with_gce_checks_the_project_and_creates_no_demo(settings, capsys):
+    from clusters.models import Cluster
+
+    settings.MTC_PROVIDER = "gce"
+    settings.MTC_GCE_PROJECT = ""
+    call_command("mtc", "demo")
+    out = capsys.readouterr().out
+    assert "set MTC_GCE_PROJECT" in out
+    settings.MTC_GCE_PROJECT = "my-project"
+    settings.MTC_GCE_ANONYMOUS = True  # no credential lookup
+    call_command("mtc", "demo")
+    assert "no demo cluster is created on gce" in capsys.readouterr().out
+    assert not Cluster.objects.exists()
+
+
+def test_a_spec_without_provider_gets_the_installations(settings):
+    from clusters.spec import validate_cluster_spec
+
+    spec = architecture_get("a3-ultra-pretraining").build_spec()
+    del spec["provider"]
+    settings.MTC_PROVIDER = "gce"
+    assert validate_cluster_spec(spec)["provider"] == "gce"

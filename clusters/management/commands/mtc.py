@@ -18,6 +18,7 @@ import secrets
 import sys
 import time
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -245,6 +246,9 @@ class Command(BaseCommand):
             self.stdout.write("mtc: created user admin (password from MTC_ADMIN_PASSWORD)")
 
     def demo(self, opts) -> None:
+        if settings.MTC_PROVIDER == "gce":  # a cloud demo would cost money: check, do not create
+            self._gce_readiness()
+            return
         if Cluster.objects.exists():
             self.stdout.write("mtc: clusters exist; no demo cluster created")
             return
@@ -252,6 +256,34 @@ class Command(BaseCommand):
         self.stdout.write(
             f"mtc: creating the demo cluster (operation {operation.pk}); "
             f"SLURM_CONF={get_provider('local').conf_path(operation.cluster)} sinfo"
+        )
+
+    def _gce_readiness(self) -> None:
+        """What `make run` prints with MTC_PROVIDER=gce: is the project reachable?"""
+        project = settings.MTC_GCE_PROJECT
+        self.stdout.write(f"mtc: provider gce, project {project or '(MTC_GCE_PROJECT not set)'}")
+        if not project:
+            self.stdout.write("mtc: set MTC_GCE_PROJECT (README, 'Running on Compute Engine')")
+            return
+        if not settings.MTC_GCE_ANONYMOUS:
+            try:
+                import google.auth
+
+                credentials, _ = google.auth.default(
+                    scopes=["https://www.googleapis.com/auth/cloud-platform"]
+                )
+                who = getattr(credentials, "service_account_email", "") or "user credentials"
+                self.stdout.write(f"mtc: Google credentials found ({who})")
+            except Exception as exc:  # noqa: BLE001 - google.auth raises several kinds
+                self.stdout.write(f"mtc: no Google credentials: {exc}")
+                self.stdout.write(
+                    "mtc: run `gcloud auth application-default login` or use a VM service account"
+                )
+                return
+        self.stdout.write(
+            f"mtc: image {settings.MTC_GCE_IMAGE.replace('{project}', project)}; no demo cluster "
+            "is created on gce. Review a spec with `python manage.py mtc cluster plan -f spec.json`"
+            ", then create it (API, wizard, or a reference architecture)."
         )
 
     def fault(self, opts) -> None:
