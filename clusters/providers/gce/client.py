@@ -183,9 +183,9 @@ class ComputeApi:
                 self.wait(op, kind.scope, where=where, timeout=timeout)
                 return
             except ProviderError as exc:
-                if exc.code == "GCE_ERROR" and "alreadyExists" in str(exc):
-                    return
-                if request.verb == "delete" and exc.code == "GCE_ERROR" and "NotFound" in str(exc):
+                if exc.code == "ALREADY_EXISTS" and request.verb in ("insert", "bulkInsert"):
+                    return  # made by an earlier try whose answer was lost
+                if exc.code == "NOT_FOUND" and request.verb == "delete":
                     return  # deleted already: what delete wanted
                 raise
             except Transient as exc:

@@ -87,6 +87,10 @@ def from_http(exc: Exception, *, where: str) -> Exception:
             return Transient(f"{where}: {exc}")
         return exc
     reason, detail = _first_reason(exc)
+    if isinstance(exc, gexc.NotFound):
+        return ProviderError(f"{where}: {exc.message}", code="NOT_FOUND", permanent=True)
+    if isinstance(exc, gexc.Conflict) and reason in ("alreadyExists", ""):
+        return ProviderError(f"{where}: {exc.message}", code="ALREADY_EXISTS", permanent=True)
     if reason in TRANSIENT_CODES:
         return Transient(f"{where}: {exc.message}")
     if "quota" in (exc.message or "").lower() and exc.code == 403:
