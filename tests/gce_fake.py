@@ -347,9 +347,9 @@ class FakeMonitoring:
     series it is given or sent; ListTimeSeries filters by metric type and instance."""
 
     def __init__(self) -> None:
-        import grpc
         from concurrent import futures
 
+        import grpc
         from google.cloud import monitoring_v3
         from google.protobuf import empty_pb2
 

@@ -1,3 +1,27 @@
-from django.urls import path  # noqa: F401
+from django.urls import re_path
 
-urlpatterns: list = []
+from .views import (
+    EndpointCompletionsView,
+    EndpointDetailView,
+    EndpointListView,
+    EndpointMetricsView,
+)
+
+app_name = "serving_api"
+ENDPOINT = r"^endpoints/(?P<endpoint_id>\d+)"
+
+urlpatterns = [
+    re_path(r"^endpoints/?$", EndpointListView.as_view(), name="endpoint-list"),
+    re_path(ENDPOINT + r"/?$", EndpointDetailView.as_view(), name="endpoint-detail"),
+    re_path(ENDPOINT + r"/metrics/?$", EndpointMetricsView.as_view(), name="endpoint-metrics"),
+    re_path(
+        ENDPOINT + r"/completions/?$",
+        EndpointCompletionsView.as_view(),
+        name="endpoint-completions",
+    ),
+    re_path(
+        ENDPOINT + r"/chat/completions/?$",
+        EndpointCompletionsView.as_view(chat=True),
+        name="endpoint-chat-completions",
+    ),
+]

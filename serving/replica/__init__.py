@@ -1,0 +1,1 @@
+"""The inference replica that runs on cluster nodes (standard library + transformers)."""

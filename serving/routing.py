@@ -1,0 +1,157 @@
+"""Routing one completion request: check it, pick the healthy replica with the fewest
+requests in flight, forward it, and record how it went (for the figures and scaling)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+from . import conf, traffic
+from .choices import EndpointState, ReplicaState
+from .models import Endpoint, Replica
+from .replica.generation import RequestError, messages_parse, prompt_parse, sampling_parse
+from .services import replica_mark_unhealthy
+from .transport import ReplicaTimeout, ReplicaUnreachable, replica_call
+
+MAX_ATTEMPTS = 3  # replicas tried when the first cannot be reached at all
+
+
+class RouteError(Exception):
+    """The request was not answered: HTTP ``status`` with mtc's error body."""
+
+    def __init__(self, status: int, code: str, message: str, fields: dict | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.fields = status, code, message, fields or {}
+
+
+@dataclass
+class Routed:
+    body: bytes  # the replica's OpenAI-shaped JSON, passed through as it is
+    replica_number: int
+    attempts: list[str] = field(default_factory=list)
+
+
+def request_check(body: dict, *, chat: bool, endpoint: Endpoint) -> None:
+    """The replica's own checks, run here first so a bad request costs no replica time
+    and gets mtc's error shape naming the field."""
+    try:
+        if not isinstance(body, dict):
+            raise RequestError("The body must be a JSON object.")
+        if chat:
+            if not endpoint.chat:
+                raise RequestError(
+                    f"{endpoint.version} has no chat template; send a 'prompt' instead.",
+                    param="messages",
+                )
+            messages_parse(body)
+        else:
+            prompt_parse(body)
+        sampling_parse(body)
+    except RequestError as exc:
+        raise RouteError(
+            400,
+            "INVALID_ARGUMENT",
+            exc.message,
+            {exc.param or "non_field_errors": exc.message},
+        ) from exc
+
+
+def _candidates(endpoint: Endpoint) -> list[Replica]:
+    """READY replicas, fewest requests in flight first (ties broken at random)."""
+    replicas = list(
+        Replica.objects.filter(endpoint=endpoint, state=ReplicaState.READY).only(
+            "id", "number", "host", "port", "state", "endpoint_id"
+        )
+    )
+    counts = traffic.inflight_counts(endpoint.pk)
+    random.shuffle(replicas)
+    replicas.sort(key=lambda r: counts.get(r.number, 0))
+    for replica in replicas:
+        replica.endpoint = endpoint
+    return replicas
+
+
+def _replica_error(response_body: bytes) -> tuple[str, str | None]:
+    try:
+        error = json.loads(response_body)["error"]
+        return str(error.get("message", "")), error.get("param")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return response_body[:200].decode("utf-8", "replace"), None
+
+
+def _forward(endpoint: Endpoint, replica: Replica, path: str, payload: bytes) -> Routed:
+    response = replica_call(
+        replica.host,
+        replica.port,
+        "POST",
+        path,
+        token=endpoint.replica_token,
+        body=payload,
+        timeout=conf.request_timeout_s(),
+    )
+    if response.status == 200:
+        return Routed(body=response.body, replica_number=replica.number)
+    message, param = _replica_error(response.body)
+    if 400 <= response.status < 500 and response.status != 401:
+        raise RouteError(400, "INVALID_ARGUMENT", message, {param or "non_field_errors": message})
+    # A server error, or a replica that does not know its token: not fit to serve.
+    replica_mark_unhealthy(replica=replica, message=f"HTTP {response.status}: {message}")
+    raise RouteError(502, "BAD_GATEWAY", f"Replica {replica.number} failed the request: {message}")
+
+
+def completion_route(*, endpoint: Endpoint, body: dict, chat: bool) -> Routed:
+    """Answer one request through a replica. Raises RouteError."""
+    request_check(body, chat=chat, endpoint=endpoint)
+    if endpoint.state == EndpointState.DELETING:
+        raise RouteError(409, "FAILED_PRECONDITION", f"Endpoint {endpoint.pk} is being deleted.")
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    payload = json.dumps(body).encode()
+    started = time.monotonic()
+    status, replica_number = 503, None
+    tried: list[str] = []
+    try:
+        for replica in _candidates(endpoint)[:MAX_ATTEMPTS]:
+            replica_number = replica.number
+            traffic.request_begin(endpoint.pk, replica.number)
+            try:
+                answer = _forward(endpoint, replica, path, payload)
+            except ReplicaUnreachable as exc:
+                tried.append(f"replica {replica.number}: {exc}")
+                replica_mark_unhealthy(replica=replica, message=f"unreachable: {exc}")
+                continue
+            except ReplicaTimeout as exc:
+                status = 504
+                message = f"Replica {replica.number}: {exc}"
+                raise RouteError(504, "DEADLINE_EXCEEDED", message) from exc
+            except RouteError as exc:
+                status = exc.status
+                raise
+            finally:
+                traffic.request_done(endpoint.pk, replica.number)
+            status = 200
+            answer.attempts = tried
+            return answer
+        why = "; ".join(tried) if tried else _no_replica_reason(endpoint)
+        message = f"Endpoint {endpoint.pk} has no healthy replica: {why}"
+        raise RouteError(503, "UNAVAILABLE", message)
+    finally:
+        traffic.request_record(
+            endpoint.pk,
+            replica_number,
+            at=time.time(),
+            latency_ms=(time.monotonic() - started) * 1000,
+            status=status,
+        )
+
+
+def _no_replica_reason(endpoint: Endpoint) -> str:
+    states = list(endpoint.replicas.values_list("state", flat=True))
+    starting = states.count(ReplicaState.STARTING)
+    unhealthy = states.count(ReplicaState.UNHEALTHY)
+    if endpoint.state == EndpointState.FAILED:
+        return endpoint.status_message or "its replicas keep failing"
+    if starting or unhealthy:
+        return f"{starting} starting, {unhealthy} unhealthy; try again in a few seconds"
+    return "none is running"

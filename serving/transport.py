@@ -1,0 +1,84 @@
+"""The one way mtc talks to replicas: HTTP/1.1 with kept-alive connections per thread
+(the router calls the same few replicas over and over) and a bearer token."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from dataclasses import dataclass
+
+CONNECT_TIMEOUT_S = 2.0
+_local = threading.local()
+
+
+class ReplicaUnreachable(Exception):
+    """No answer at all: refused, reset, closed. The replica is probably gone."""
+
+
+class ReplicaTimeout(Exception):
+    """Connected, but no answer in time (busy, or stuck)."""
+
+
+@dataclass
+class ReplicaResponse:
+    status: int
+    body: bytes
+
+
+def _pool() -> dict[tuple[str, int], http.client.HTTPConnection]:
+    if not hasattr(_local, "connections"):
+        _local.connections = {}
+    return _local.connections
+
+
+def _drop(key: tuple[str, int]) -> None:
+    conn = _pool().pop(key, None)
+    if conn is not None:
+        conn.close()
+
+
+def replica_call(
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    *,
+    token: str,
+    body: bytes | None = None,
+    timeout: float,
+) -> ReplicaResponse:
+    key = (host, port)
+    for attempt in (1, 2):
+        conn = _pool().get(key)
+        if conn is not None and conn.sock is None:  # closed since: dial again
+            _drop(key)
+            conn = None
+        reused = conn is not None
+        if conn is None:
+            conn = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
+            try:
+                conn.connect()
+            except OSError as exc:  # refused, unreachable, or no answer to the SYN in time
+                conn.close()
+                raise ReplicaUnreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc
+            _pool()[key] = conn
+        try:
+            conn.sock.settimeout(timeout)
+            headers = {"Authorization": f"Bearer {token}"}
+            if body is not None:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+        except TimeoutError as exc:
+            _drop(key)
+            raise ReplicaTimeout(f"{host}:{port} gave no answer within {timeout:g} s") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            _drop(key)
+            if reused and attempt == 1:
+                continue  # a kept-alive connection the replica had closed: dial again
+            raise ReplicaUnreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc
+        if response.will_close:
+            _drop(key)
+        return ReplicaResponse(response.status, data)
+    raise AssertionError("not reached: the second attempt returns or raises")
