@@ -43,6 +43,7 @@ from clusters.providers.base import get_provider  # noqa: E402
 from health.faults import fault_clear, fault_inject  # noqa: E402
 from health.models import NodeFailure, Repair  # noqa: E402
 from health.poll import cluster_health_poll  # noqa: E402
+from health.selectors import goodput  # noqa: E402
 from health.services import report_ingest  # noqa: E402
 from jobs.models import Job, JobEvent, JobMetric  # noqa: E402
 from jobs.recipes.launch import recipe_launch  # noqa: E402
@@ -206,6 +207,15 @@ def main() -> None:
                     f" most steps lost {max(r['steps_lost'] or 0 for r in mine)} "
                     f"over {len(mine)} run(s)"
                 )
+        jobs_sync(cluster=cluster)  # the cancelled jobs' last states, for their GPU time
+        good = goodput("recovery")
+        if good["goodput"] is not None:
+            print(
+                f"goodput (health.selectors.goodput) over these runs: {100 * good['goodput']:.1f}%"
+                f" of {good['held_gpu_s']:.0f} GPU-s held by {good['jobs']} job(s); lost "
+                f"{good['restart_gpu_s']:.0f} restarting + {good['redo_gpu_s']:.0f} redoing "
+                f"steps over {good['interruptions']} interruption(s)"
+            )
     finally:
         get_provider("local").delete_cluster(cluster)
         shutil.rmtree(TMP, ignore_errors=True)

@@ -6,6 +6,18 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# slurmd runs the cluster's health check (mtc's agent, quick checks, --slurm-drain) from
+# this wrapper, which the provider writes (clusters.providers.local_nodes).
+HEALTH_CHECK_PROGRAM = "etc/mtc-healthcheck.sh"
+# Seconds between two runs on a node. Slurm starts a run on every node at once unless
+# CYCLE spreads them over the interval, which keeps a one-host cluster's load flat.
+HEALTH_CHECK_INTERVAL = 60
+HEALTH_CHECK_NODE_STATE = "ANY,CYCLE"
+
+
+def health_check_program(root: Path) -> Path:
+    return root / HEALTH_CHECK_PROGRAM
+
 
 @dataclass(frozen=True)
 class NodeConf:
@@ -36,6 +48,8 @@ class ClusterConf:
     overrides: dict[str, str] = field(default_factory=dict)
     prolog: str = ""
     epilog: str = ""
+    # None: the wrapper at health_check_program(root); "": no HealthCheckProgram.
+    health_check: str | None = None
 
 
 def gres_type(accelerator_type: str) -> str:
@@ -88,6 +102,13 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         "MinJobAge": "300",
         "JobRequeue": "1",
     }
+    health_check = (
+        str(health_check_program(root)) if conf.health_check is None else conf.health_check
+    )
+    if health_check:
+        settings["HealthCheckProgram"] = health_check
+        settings["HealthCheckInterval"] = str(HEALTH_CHECK_INTERVAL)
+        settings["HealthCheckNodeState"] = HEALTH_CHECK_NODE_STATE
     if conf.prolog:
         settings["Prolog"] = conf.prolog
     if conf.epilog:

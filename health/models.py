@@ -34,6 +34,9 @@ class NodeFailure(models.Model):
     first_seen = models.DateTimeField()
     last_seen = models.DateTimeField()
     resolved_time = models.DateTimeField(null=True, blank=True)
+    # When the node's agent was asked for a deeper DCGM round because of this failure
+    # (once per failure: a suspicion is checked, not re-checked every round).
+    deep_check_time = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-first_seen", "-id"]

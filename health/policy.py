@@ -119,3 +119,22 @@ def next_action(code: str, attempts_done: int) -> str | None:
 # A node far below its pool's median speed (the speed check) is SLOW.
 SLOW_FRACTION = 0.6
 SLOW_ROUNDS = 2  # consecutive slow reports before a node is SLOW
+
+
+# DCGM diagnostic level (dcgmi diag -r N) by why the checks run. Level 1 takes seconds and
+# runs beside jobs; 2 takes minutes and 3 tens of minutes, on a node under suspicion or one
+# about to return to service (3 for a new machine: its burn-in).
+DCGM_LEVEL_BY_TRIGGER = {
+    "periodic": 1,
+    "healthcheck": 1,
+    "prolog": 1,
+    "on-demand": 1,
+    "suspicion": 2,
+    "post-repair": 2,
+}
+
+
+def dcgm_level_for(trigger: str, action: str | None = None) -> int:
+    if trigger == "post-repair" and action == REPLACE:
+        return 3
+    return DCGM_LEVEL_BY_TRIGGER.get(trigger, 1)

@@ -14,14 +14,16 @@ from clusters.providers.base import get_provider
 
 from .choices import RepairState
 from .models import Repair
-from .services import failures_update, repairs_dispatch, report_ingest
+from .services import agent_report_accept, failures_update, repairs_dispatch, report_time
 
 log = logging.getLogger(__name__)
 UNRESPONSIVE_STATES = ("DOWN", "NOT_RESPONDING")
 
 
 def _agent_files(cluster: Cluster, provider, nodes) -> int:
-    """Reports the node agents wrote since the last poll (health.json in each node dir)."""
+    """Reports the node agents wrote (health.json in each node dir) that did not reach the
+    API: the agent writes the file, then POSTs the same report, and whichever arrives
+    first is stored (by the report's own time, which the API path records too)."""
     if not hasattr(provider, "node_dir"):
         return 0
     ingested = 0
@@ -31,15 +33,20 @@ def _agent_files(cluster: Cluster, provider, nodes) -> int:
             mtime = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
         except OSError:
             continue
+        # The file is written after its round began: an old file is not worth reading.
         if node.last_report_time and mtime <= node.last_report_time:
             continue
         try:
             report = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        report["time"] = mtime.timestamp()
-        report_ingest(node=node, report=report)
-        ingested += 1
+        if not isinstance(report, dict):
+            continue
+        report.setdefault("time", mtime.timestamp())
+        if node.last_report_time and report_time(report) <= node.last_report_time:
+            continue  # delivered through the API already
+        if agent_report_accept(node=node, report=report) is not None:
+            ingested += 1
     return ingested
 
 

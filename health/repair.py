@@ -11,13 +11,14 @@ from django.utils import timezone
 
 from clusters.models import Node, Operation
 from clusters.operations import operation_progress
-from clusters.providers.base import get_provider
+from clusters.providers.base import Provider, get_provider
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job, JobEvent
 from jobs.slurm import SlurmError
 
 from .choices import FailureState, RepairAction, RepairState
 from .models import NodeFailure, Repair
+from .policy import dcgm_level_for
 from .services import node_health_refresh, repair_plan, report_ingest
 
 log = logging.getLogger(__name__)
@@ -77,9 +78,18 @@ def _start_requeued_now(client, job_ids: list[str], timeout: float = 20) -> None
         time.sleep(0.2)
 
 
-def _checks_pass(node: Node, provider) -> tuple[bool, str]:
-    """Run the node's checks once, now, and store them as a report."""
-    report = provider.node_checks(node.cluster, node)
+def _checks_pass(node: Node, provider, action: str) -> tuple[bool, str]:
+    """Run the node's checks once, now, with the deeper DCGM level a node about to return
+    to service gets, and store them as a report."""
+    if type(provider).node_checks is Provider.node_checks:
+        report = None  # the provider cannot reach the node; its own agent reports
+    else:
+        report = provider.node_checks(
+            node.cluster,
+            node,
+            dcgm_level=dcgm_level_for("post-repair", action),
+            trigger="post-repair",
+        )
     if report is None:
         return True, "no checks available for this provider"
     row = report_ingest(node=node, report=report, source="agent")
@@ -116,7 +126,7 @@ def repair_execute(operation: Operation) -> None:
         operation_progress(operation, 60, f"Waiting for {node.name} to register")
         provider.wait_ready(cluster, [node.name], timeout=provider.repair_ready_timeout_s)
         operation_progress(operation, 80, f"Checking {node.name}")
-        ok, problems = _checks_pass(node, provider)
+        ok, problems = _checks_pass(node, provider, repair.action)
         if not ok:
             _repair_failed(repair, f"checks still fail after {repair.action}: {problems}")
             return

@@ -11,13 +11,19 @@ from django.db.models import (
     DurationField,
     ExpressionWrapper,
     F,
+    FloatField,
     OuterRef,
+    Q,
     QuerySet,
     Subquery,
 )
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from clusters.models import Cluster, Node
+from jobs.choices import JobState
+from jobs.models import Job, JobEvent, JobMetric
 
 from .choices import REPAIR_ACTIVE_STATES, FailureState, RepairState
 from .models import HealthReport, NodeFailure, Repair
@@ -154,3 +160,129 @@ def repairs_by_outcome(cluster_id: str = "", window: timedelta = FLEET_WINDOW) -
         qs = qs.filter(cluster__cluster_id=cluster_id)
     counts = dict(qs.order_by().values_list("state").annotate(n=Count("id")))
     return {state: counts.get(state, 0) for state in RepairState.values}
+
+
+# --- goodput -----------------------------------------------------------------------------
+INTERRUPTED = "interrupted:"  # how health.repair.node_jobs_requeue starts a job event's cause
+
+
+def _overlap(spans: list[tuple], start, end) -> float:
+    """Seconds of ``spans`` ((start, end) pairs) that fall within [start, end]."""
+    return sum(
+        max(0.0, (min(b, end) - max(a, start)).total_seconds()) for a, b in spans if b > start
+    )
+
+
+def _running_spans(events: list[tuple], until) -> list[tuple]:
+    """(start, end) of each RUNNING stretch in a job's ordered (time, state) history."""
+    spans, state, since = [], "", None
+    for when, new in events:
+        if not new or new == state:
+            continue
+        if state == JobState.RUNNING:
+            spans.append((since, when))
+        state, since = new, when
+    if state == JobState.RUNNING and until > since:
+        spans.append((since, until))
+    return spans
+
+
+def goodput(cluster_id: str = "", window: timedelta = FLEET_WINDOW, *, now=None) -> dict:
+    """The share of the GPU time that recipe jobs held within the window which went into
+    training that was kept.
+
+    held: GPU-seconds in the RUNNING state, from each job's state history, within the window
+    (a job that asked for no GPUs counts one per node). Lost, for each interruption in the
+    window (a repair requeued the job): the GPU-seconds it held from the interruption to its
+    first new training step (restart), and the steps since its last checkpoint times its
+    mean step time and GPUs (redo). goodput = (held - lost) / held, None when nothing ran.
+    Five queries, whatever the number of jobs, events or steps.
+    """
+    now = now or timezone.now()
+    since = now - window
+    jobs_qs = Job.objects.filter(recipe__gt="").filter(
+        Q(end_time__isnull=True) | Q(end_time__gte=since)
+    )
+    if cluster_id:
+        jobs_qs = jobs_qs.filter(cluster__cluster_id=cluster_id)
+    ids = jobs_qs.values("id")
+    jobs = {
+        row["id"]: row
+        for row in jobs_qs.values(
+            "id", "cluster_id", "job_id", "nodes", "gpus_per_node", "state", "end_time"
+        )
+    }
+    history: dict[int, list[tuple]] = {}
+    for job_id, when, state in (
+        JobEvent.objects.filter(job__in=ids).order_by("job_id", "time", "id")
+    ).values_list("job_id", "time", "state"):
+        history.setdefault(job_id, []).append((when, state))
+    first_step = Subquery(
+        JobMetric.objects.filter(job=OuterRef("job"), time__gt=OuterRef("time"))
+        .order_by("time")
+        .values("time")[:1]
+    )
+    interruptions = list(
+        JobEvent.objects.filter(
+            job__in=ids, cause__startswith=INTERRUPTED, time__gte=since, time__lte=now
+        )
+        .annotate(first_step=first_step)
+        .order_by("time", "id")
+        .values_list("job_id", "time", "first_step")
+    )
+    step_time = dict(
+        JobMetric.objects.filter(job__in=ids)
+        .order_by()
+        .values("job")
+        .annotate(s=Avg(Cast(KeyTextTransform("step_time_s", "values"), FloatField())))
+        .values_list("job", "s")
+    )
+    repairs = Repair.objects.filter(
+        start_time__gte=since - timedelta(hours=1), start_time__lte=now
+    ).exclude(jobs_requeued=[])
+    if cluster_id:
+        repairs = repairs.filter(cluster__cluster_id=cluster_id)
+    steps_lost: dict[tuple, list[tuple]] = {}  # (cluster pk, job id) -> [(repair start, steps)]
+    for cluster_pk, started, requeued in repairs.order_by("start_time").values_list(
+        "cluster_id", "start_time", "jobs_requeued"
+    ):
+        for item in requeued if isinstance(requeued, list) else []:
+            if isinstance(item, dict) and item.get("job_id") is not None:
+                key = (cluster_pk, str(item["job_id"]))
+                steps_lost.setdefault(key, []).append((started, item.get("steps_lost")))
+
+    def weight(job: dict) -> int:
+        return (job["gpus_per_node"] or 1) * (job["nodes"] or 1)
+
+    spans = {
+        pk: _running_spans(history.get(pk, []), min(now, job["end_time"] or now))
+        for pk, job in jobs.items()
+    }
+    held = sum(_overlap(spans[pk], since, now) * weight(job) for pk, job in jobs.items())
+    restart = redo = 0.0
+    unknown_steps = 0
+    for pk, when, first in interruptions:
+        job = jobs[pk]
+        end = min(first or now, job["end_time"] or now, now)
+        restart += _overlap(spans[pk], when, end) * weight(job)
+        # The repair that requeued the job: the latest one that started before the event.
+        earlier = [
+            n for t, n in steps_lost.get((job["cluster_id"], job["job_id"]), []) if t <= when
+        ]
+        lost = earlier[-1] if earlier else None
+        if lost and step_time.get(pk):
+            redo += float(lost) * float(step_time[pk]) * weight(job)
+        elif lost:
+            unknown_steps += 1
+    lost_total = min(held, restart + redo)
+    return {
+        "goodput": (held - lost_total) / held if held > 0 else None,
+        "held_gpu_s": held,
+        "lost_gpu_s": lost_total,
+        "restart_gpu_s": restart,
+        "redo_gpu_s": redo,
+        "interruptions": len(interruptions),
+        "interruptions_without_step_time": unknown_steps,
+        "jobs": len(jobs),
+        "window_s": window.total_seconds(),
+    }

@@ -11,7 +11,7 @@ import statistics
 from datetime import UTC, datetime
 
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from clusters.choices import OperationKind
@@ -26,7 +26,7 @@ from .choices import (
     Severity,
 )
 from .models import HealthReport, NodeFailure, Repair
-from .policy import SLOW_FRACTION, SLOW_ROUNDS, mode_for, next_action
+from .policy import SLOW_FRACTION, SLOW_ROUNDS, dcgm_level_for, mode_for, next_action
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,45 @@ def _speed_findings(node: Node, checks: list[dict]) -> list[dict]:
     return []
 
 
+def report_time(report: dict) -> datetime:
+    """When the report's round ran (the agent's clock), else now."""
+    stamp = report.get("time")
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) and math.isfinite(stamp):
+        return datetime.fromtimestamp(float(stamp), tz=UTC)
+    return timezone.now()
+
+
+def agent_report_accept(*, node: Node, report: dict) -> HealthReport | None:
+    """A report the node's agent delivered: POSTed to the API, or read from the health.json
+    it also writes (the poller's fallback when the API is out of reach). Stored once, by
+    whichever way arrives first; a report no newer than the node's last is dropped (a
+    duplicate, or a late retry that would reopen what a repair has closed since)."""
+    when = report_time(report)
+    newer = Q(last_report_time__isnull=True) | Q(last_report_time__lt=when)
+    if not Node.objects.filter(newer, pk=node.pk).update(last_report_time=when):
+        return None
+    return report_ingest(node=node, report={**report, "time": when.timestamp()})
+
+
+def deep_check_request(*, node: Node) -> dict | None:
+    """One deeper DCGM round for the node's next report, once per unresolved failure (a
+    suspicion to confirm or clear); None when there is nothing new to look into."""
+    fresh = NodeFailure.objects.filter(node=node, deep_check_time__isnull=True).exclude(
+        state=FailureState.RESOLVED
+    )
+    failures = dict(fresh.values_list("pk", "mode"))
+    if not failures:
+        return None
+    if not NodeFailure.objects.filter(pk__in=failures, deep_check_time__isnull=True).update(
+        deep_check_time=timezone.now()
+    ):
+        return None  # another report asked already
+    return {
+        "dcgm_level": dcgm_level_for("suspicion"),
+        "reason": "suspicion: " + ",".join(sorted(set(failures.values()))),
+    }
+
+
 def report_ingest(*, node: Node, report: dict, source: str = "agent") -> HealthReport:
     """Store a report and classify its findings into failures."""
     checks = report.get("checks") if isinstance(report.get("checks"), list) else []
@@ -121,12 +160,7 @@ def report_ingest(*, node: Node, report: dict, source: str = "agent") -> HealthR
         for f in (c.get("findings") or [])
         if isinstance(f, dict) and f.get("code")
     ]
-    stamp = report.get("time")
-    when = (
-        datetime.fromtimestamp(float(stamp), tz=UTC)
-        if isinstance(stamp, (int, float))
-        else timezone.now()
-    )
+    when = report_time(report)
     row = HealthReport.objects.create(
         node=node, time=when, source=source, ok=not findings, checks=checks, findings=findings
     )

@@ -23,6 +23,8 @@ from jobs.slurm.queue import JOB_ID_RE
 
 from . import selectors, services
 from .choices import REPAIR_ACTIVE_STATES, RepairAction, RepairState
+from .metrics import node_series
+from .metrics import num as _num
 from .models import HealthReport, Repair
 from .policy import mode_for, next_action
 
@@ -33,7 +35,6 @@ ACTION_HELP = {
     RepairAction.REIMAGE: "wipe the node's state and start it fresh",
     RepairAction.REPLACE: "a new machine under the same name",
 }
-GPU_METRICS = ("temperature_c", "power_w", "utilization_pct", "memory_used_mib")
 LIVE_MS = 3000  # pages refresh this often while a repair runs
 IDLE_MS = 15000  # ... and this often while one waits
 
@@ -67,17 +68,6 @@ def _node_or_404(cluster_id: str, node_name: str) -> Node:
 
 
 # --- reading reports ------------------------------------------------------------------
-def _num(value) -> float | None:
-    """A finite number from a report's JSON, else None ("[N/A]", strings, bools)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            value = float(str(value).strip())
-        except (TypeError, ValueError):
-            return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 def _fmt(value, digits: int = 2) -> str:
     number = _num(value)
     if number is None:
@@ -135,13 +125,18 @@ def check_summary(name: str, details) -> list[str]:
         if details.get("new_count") is not None:
             lines.append(f"{details['new_count']} new XID line(s)")
     elif name == "dcgm":
+        level, trigger = details.get("level"), details.get("trigger")
+        why = f" ({trigger})" if trigger else ""
         diag = details.get("diag") if isinstance(details.get("diag"), dict) else {}
         if diag:
             tests = diag.get("tests") if isinstance(diag.get("tests"), list) else []
             failed = diag.get("failed") if isinstance(diag.get("failed"), list) else []
             lines.append(
-                f"diag -r {details.get('level', '?')}: {len(tests)} tests, {len(failed)} failed"
+                f"diag -r {level if level is not None else '?'}{why}: "
+                f"{len(tests)} tests, {len(failed)} failed"
             )
+        elif level is not None:
+            lines.append(f"level {level}{why}")
         health = details.get("health") if isinstance(details.get("health"), dict) else {}
         if health.get("overall"):
             lines.append(f"health: {health['overall']}")
@@ -213,9 +208,14 @@ def check_rows(report: HealthReport | None) -> list[dict]:
             {**f, "judged": True} for f in _findings(extra.get(name)) if f["code"] not in codes
         ]
         duration, budget = _num(check.get("duration_s")), _num(check.get("budget_s"))
+        details = check.get("details") if isinstance(check.get("details"), dict) else {}
+        level = _num(details.get("level")) if name == "dcgm" else None
         rows.append(
             {
                 "name": name,
+                # dcgmi diag's level, chosen by why the checks ran (health.policy).
+                "dcgm_level": int(level) if level is not None else None,
+                "trigger": str(details.get("trigger") or "") if name == "dcgm" else "",
                 "status": str(check.get("status") or "?"),
                 "duration": duration,
                 "budget": budget,
@@ -231,35 +231,6 @@ def check_rows(report: HealthReport | None) -> list[dict]:
             }
         )
     return rows
-
-
-def chart_series(reports: list[HealthReport]) -> dict:
-    """Speed (GFLOP/s) and per-GPU telemetry over the reports, oldest first."""
-    speed = {"time": [], "gflops": []}
-    gpus: dict[str, dict] = {}
-    for report in reversed(reports):
-        stamp = report.time.isoformat()
-        for check in report.checks if isinstance(report.checks, list) else []:
-            if not isinstance(check, dict):
-                continue
-            details = check.get("details") if isinstance(check.get("details"), dict) else {}
-            if check.get("name") == "speed":
-                gflops = _num(details.get("gflops"))
-                if gflops is not None:
-                    speed["time"].append(stamp)
-                    speed["gflops"].append(gflops)
-            elif check.get("name") == "gpu" and isinstance(details.get("telemetry"), list):
-                for row in details["telemetry"]:
-                    if not isinstance(row, dict) or _num(row.get("index")) is None:
-                        continue
-                    key = str(int(_num(row["index"])))
-                    series = gpus.setdefault(
-                        key, {"index": int(key), "time": [], **{m: [] for m in GPU_METRICS}}
-                    )
-                    series["time"].append(stamp)
-                    for metric in GPU_METRICS:
-                        series[metric].append(_num(row.get(metric)))
-    return {"speed": speed, "gpus": sorted(gpus.values(), key=lambda g: g["index"])}
 
 
 def _attach_modes(failures) -> None:
@@ -304,7 +275,7 @@ def node_detail(request, cluster_id: str, node_name: str):
     if failures_open:
         first = failures_open[0]
         suggested = next_action(first.mode, first.repair_attempts)
-    series = chart_series(reports)
+    series = node_series(node, reports)
     context = {
         "node": node,
         "cluster": node.cluster,
@@ -325,6 +296,7 @@ def node_detail(request, cluster_id: str, node_name: str):
         "report_count": len(reports),
         "has_speed": bool(series["speed"]["time"]),
         "has_gpus": bool(series["gpus"]),
+        "has_host": bool(series["host"]["time"] or series["disk"]["time"]),
         # Follow a repair while it is on its way; otherwise the page stays as it is (so
         # the repair form is never swapped under an operator's hand).
         "refresh_ms": (
@@ -395,6 +367,7 @@ def repair_queue(request):
     top = max((n for _, n in by_mode), default=0)
     mttr, mttr_n = selectors.mean_time_to_repair(cluster_id)
     outcomes = selectors.repairs_by_outcome(cluster_id)
+    good = selectors.goodput(cluster_id)
     context = {
         "clusters": clusters,
         "cluster_id": cluster_id,
@@ -418,6 +391,11 @@ def repair_queue(request):
         "mttr_n": mttr_n,
         "outcomes": [(state, outcomes[state]) for state in RepairState.values],
         "outcomes_total": sum(outcomes.values()),
+        "goodput": good,
+        "goodput_pct": round(100 * good["goodput"], 1) if good["goodput"] is not None else None,
+        "goodput_hours": {
+            k: good[f"{k}_gpu_s"] / 3600 for k in ("held", "lost", "restart", "redo")
+        },
         "window_days": selectors.FLEET_WINDOW.days,
         "refresh_ms": LIVE_MS if running else IDLE_MS,
         "next_url": request.get_full_path(),

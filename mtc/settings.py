@@ -180,6 +180,8 @@ MTC_LOCAL_PORT_RANGE = (17000, 29999)
 MTC_LOCAL_SCRATCH_GB = float(os.environ.get("MTC_LOCAL_SCRATCH_GB", "4"))
 MTC_LOCAL_NODE_AGENTS = os.environ.get("MTC_LOCAL_NODE_AGENTS", "1") == "1"
 MTC_AGENT_INTERVAL_S = float(os.environ.get("MTC_AGENT_INTERVAL_S", "10"))
+# Where node agents reach mtc's API (they POST their reports there with a node token).
+MTC_PUBLIC_URL = os.environ.get("MTC_PUBLIC_URL", f"http://127.0.0.1:{MTC_PORT}")
 # Seconds to pause at each Operation step: slow motion for demos and for the test
 # that kills a worker in the middle of a create.
 MTC_OPERATION_STEP_DELAY = float(os.environ.get("MTC_OPERATION_STEP_DELAY", "0"))

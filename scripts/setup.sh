@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(slurm-wlm munge redis-server chromium python3-venv procps)
+# slurmrestd: each local cluster runs one, on a unix socket, for fast job submits.
+PACKAGES=(slurm-wlm slurmrestd munge redis-server chromium python3-venv procps)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -22,8 +22,9 @@ AGENT = Path(agent.__file__).resolve()
 class Recorder:
     """A local HTTP endpoint: answers with the queued statuses (then 200), keeps each request."""
 
-    def __init__(self, statuses=(), headers=None):
+    def __init__(self, statuses=(), headers=None, answers=()):
         self.statuses = list(statuses)
+        self.answers = list(answers)  # JSON bodies of the first 2xx answers
         self.extra_headers = headers or {}
         self.requests: list[dict] = []
         recorder = self
@@ -35,7 +36,10 @@ class Recorder:
                     {"path": self.path, "headers": dict(self.headers), "body": body}
                 )
                 status = recorder.statuses.pop(0) if recorder.statuses else 200
-                payload = json.dumps({"status": status}).encode()
+                answer = {"status": status}
+                if status < 300 and recorder.answers:
+                    answer = recorder.answers.pop(0)
+                payload = json.dumps(answer).encode()
                 self.send_response(status)
                 for key, value in recorder.extra_headers.get(status, {}).items():
                     self.send_header(key, value)

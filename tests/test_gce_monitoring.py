@@ -105,3 +105,39 @@ def test_export_skips_a_cluster_that_never_reached_compute_engine(monitoring):
     cluster.refresh_from_db()
     assert cloud_metrics_export(cluster=cluster) == 0
     assert monitoring.create_requests == []
+
+
+@pytest.mark.django_db
+def test_a_gce_nodes_page_charts_its_gpus_from_cloud_monitoring(monitoring, client, operator):
+    from django.core.cache import cache
+
+    cache.clear()
+    cluster = make_cluster("cp", nodes=1)
+    Cluster.objects.filter(pk=cluster.pk).update(provider="gce", provider_state={"project": "proj"})
+    now = datetime.now(UTC)
+    monitoring.add_gpu_points(
+        "cp-gpu-0", GPU_METRICS["temperature_c"][0], 3, [(now - timedelta(minutes=1), 71.5)]
+    )
+    client.force_login(operator)
+    page = client.get("/clusters/cp/nodes/cp-gpu-0/").content.decode()
+    assert "GPU metrics from Cloud Monitoring" in page
+    assert '"temperature_c": [71.5]' in page and '"index": 3' in page
+    # A minute's cache: the next view does not read Cloud Monitoring again.
+    calls = len(monitoring.list_requests)
+    client.get("/clusters/cp/nodes/cp-gpu-0/")
+    assert len(monitoring.list_requests) == calls
+
+
+@pytest.mark.django_db
+def test_a_monitoring_outage_is_said_on_the_page(settings, client, operator):
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.MTC_GCE_MONITORING_ENDPOINT = "127.0.0.1:1"  # nothing listens
+    settings.MTC_GCE_ANONYMOUS = True
+    cluster = make_cluster("cq", nodes=1)
+    Cluster.objects.filter(pk=cluster.pk).update(provider="gce", provider_state={"project": "proj"})
+    client.force_login(operator)
+    response = client.get("/clusters/cq/nodes/cq-gpu-0/")
+    assert response.status_code == 200
+    assert 'data-testid="gpu-error"' in response.content.decode()

@@ -41,6 +41,15 @@ def repair_of(name: str) -> Repair:
     return Repair.objects.filter(node__name=name).select_related("failure").first()
 
 
+def dcgm_run(name: str) -> tuple:
+    """(level, trigger) of the DCGM diag in the node's latest report."""
+    from health.models import HealthReport
+
+    report = HealthReport.objects.filter(node__name=name).first()
+    details = next(c for c in report.checks if c["name"] == "dcgm")["details"]
+    return details["level"], details["trigger"]
+
+
 def test_checks_pass_on_healthy_emulated_nodes(cluster):
     report = check(cluster, "hx-gpu-0")
     statuses = {c["name"]: c["status"] for c in report.checks}
@@ -58,6 +67,7 @@ def test_ecc_is_classified_and_the_node_replaced(cluster, operator_api):
     assert repair.state == "SUCCEEDED", repair.message
     node = Node.objects.get(name="hx-gpu-1")
     assert node.provider_id.endswith("#1") and node.health == "HEALTHY"
+    assert dcgm_run("hx-gpu-1") == (3, "post-repair")  # a new machine: the long diag
     assert sinfo_json("hx")["hx-gpu-1"] == "idle"
     health = operator_api.get("/api/v1/clusters/hx/nodes/hx-gpu-1/health").json()
     assert health["failures"][0]["state"] == "RESOLVED"
@@ -72,6 +82,7 @@ def test_disk_full_is_found_and_reimaged(cluster, operator_api):
     repair = repair_of("hx-gpu-2")
     assert repair.failure.mode == "DISK_FULL" and repair.action == "reimage"
     assert repair.state == "SUCCEEDED" and not fill.exists()
+    assert dcgm_run("hx-gpu-2") == (2, "post-repair")
 
 
 def test_dcgm_escalates_from_reimage_to_replace(cluster, operator_api):

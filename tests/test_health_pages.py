@@ -100,6 +100,26 @@ def node_of(cluster: Cluster, index: int = 0) -> Node:
     return Node.objects.get(cluster=cluster, index=index)
 
 
+def host_check(*, cpu: float = 12.5, load: float = 0.7, rx: int = 1_000_000, tx: int = 0) -> dict:
+    details = {
+        "cpu_util_pct": cpu,
+        "cpu_count": 2,
+        "load1": load,
+        "mem_total_mib": 8000,
+        "mem_available_mib": 6000,
+        "net_rx_bytes": rx,
+        "net_tx_bytes": tx,
+    }
+    return {
+        "name": "host",
+        "status": "pass",
+        "duration_s": 0.2,
+        "budget_s": 5,
+        "details": details,
+        "findings": [],
+    }
+
+
 def report_checks(*, gflops: float = 1.25, gpus: int = 2, temp: float = 0.0, findings=()) -> list:
     telemetry = [
         {
@@ -140,8 +160,8 @@ def report_checks(*, gflops: float = 1.25, gpus: int = 2, temp: float = 0.0, fin
     ]
 
 
-def add_report(node: Node, *, minutes_ago: float = 0, **kwargs) -> HealthReport:
-    checks = report_checks(**kwargs)
+def add_report(node: Node, *, minutes_ago: float = 0, extra=(), **kwargs) -> HealthReport:
+    checks = report_checks(**kwargs) + list(extra)
     findings = [{**f, "check": c["name"]} for c in checks for f in c["findings"]]
     return HealthReport.objects.create(
         node=node,
@@ -469,6 +489,130 @@ def test_fleet_figures(staff_client):
     assert outcomes["SUCCEEDED"] == 2 and outcomes["FAILED"] == 1 and outcomes["RUNNING"] == 0
 
 
+def test_node_page_shows_the_dcgm_level_its_trigger_chose(staff_client):
+    node = node_of(make_cluster())
+    dcgm = {
+        "name": "dcgm",
+        "status": "pass",
+        "duration_s": 0.3,
+        "budget_s": 900,
+        "details": {
+            "level": 2,
+            "trigger": "post-repair",
+            "diag": {"tests": [{"name": "pcie"}, {"name": "memory"}], "failed": []},
+        },
+        "findings": [],
+    }
+    add_report(node, extra=[dcgm])
+    response = staff_client.get(node_url(node))
+    row = next(c for c in response.context["checks"] if c["name"] == "dcgm")
+    assert row["dcgm_level"] == 2 and row["trigger"] == "post-repair"
+    page = html(response)
+    assert 'data-testid="dcgm-level"' in page and ">-r 2</span>" in page
+    assert "diag -r 2 (post-repair): 2 tests, 0 failed" in page
+
+
+def test_node_series_has_host_figures(staff_client):
+    from health.metrics import node_series
+
+    node = node_of(make_cluster())
+    # 10 s apart: 1 MB then 2 MB more received; then a reboot resets the counter.
+    for i, (rx, cpu) in enumerate(((1_000_000, 10.0), (11_000_000, 30.0), (31_000_000, 50.0))):
+        add_report(node, minutes_ago=1 - i / 6, extra=[host_check(rx=rx, cpu=cpu)])
+    add_report(node, minutes_ago=0, extra=[host_check(rx=500, cpu=5.0)])
+    reports = list(HealthReport.objects.filter(node=node).order_by("-time"))
+    series = node_series(node, reports)
+    host = series["host"]
+    assert host["cpu_util_pct"] == [10.0, 30.0, 50.0, 5.0]  # oldest first
+    assert host["net_rx_mbps"][:3] == [None, 1.0, 2.0] and host["net_rx_mbps"][3] is None
+    assert host["mem_used_pct"] == [25.0] * 4 and host["load1"] == [0.7] * 4
+    assert series["disk"]["paths"] == [{"path": "/", "used_pct": [38.8] * 4}]
+    assert series["sources"] == {"gpu": "agent", "host": "agent"} and series["host_shared"]
+    page = html(staff_client.get(node_url(node)))
+    assert 'id="host-charts"' in page and 'data-host-chart="net"' in page
+    assert "health/host-charts.js" in page and "shared host" in page
+
+
+def _recipe_job(cluster: Cluster, job_id: str, *, gpus: int = 8, nodes: int = 2):
+    from jobs.models import Job
+
+    return Job.objects.create(
+        cluster=cluster,
+        job_id=job_id,
+        job_number=int(job_id),
+        name="llama",
+        user="uma",
+        state="RUNNING",
+        nodes=nodes,
+        gpus_per_node=gpus,
+        recipe="llama-pretrain",
+    )
+
+
+def _interrupted_run(cluster: Cluster, job_id: str, now, *, steps_lost: int = 120) -> None:
+    """Ran from -60 min, interrupted at -30 min (a repair requeued it, `steps_lost` steps
+    since its checkpoint), running again at -29 min, first new step at -28 min."""
+    from jobs.models import JobEvent, JobMetric
+
+    job = _recipe_job(cluster, job_id)
+    minutes = lambda m: now - timedelta(minutes=m)  # noqa: E731
+    for m, state, cause in (
+        (60, "RUNNING", "seen by the poller"),
+        (30, "REQUEUED", "interrupted: node hp-gpu-0 NODE_UNRESPONSIVE; requeued"),
+        (29.5, "PENDING", "seen by the poller"),
+        (29, "RUNNING", "seen by the poller"),
+    ):
+        JobEvent.objects.create(job=job, time=minutes(m), state=state, cause=cause)
+    JobMetric.objects.bulk_create(
+        JobMetric(job=job, step=step, time=minutes(m), values={"loss": 2.0, "step_time_s": 0.5})
+        for step, m in ((10, 59), (20, 45), (21, 28), (22, 27))
+    )
+    node = node_of(cluster)
+    add_repair(
+        node,
+        None,
+        start_time=minutes(30.1),
+        end_time=minutes(29),
+        jobs_requeued=[{"job_id": job_id, "steps_lost": steps_lost}],
+    )
+
+
+def test_goodput_counts_restart_time_and_redone_steps(staff_client):
+    from health.selectors import goodput
+
+    cluster = make_cluster()
+    now = timezone.now()
+    _interrupted_run(cluster, "7", now)
+    figures = goodput("hp", now=now)
+    # 16 GPUs held for 30 + 29 minutes; lost: 1 minute restarting (-29 to -28 running),
+    # 120 steps x 0.5 s = 1 minute redone.
+    assert figures["held_gpu_s"] == pytest.approx(59 * 60 * 16)
+    assert figures["restart_gpu_s"] == pytest.approx(60 * 16)
+    assert figures["redo_gpu_s"] == pytest.approx(60 * 16)
+    assert figures["goodput"] == pytest.approx(57 / 59)
+    assert figures["interruptions"] == 1 and figures["jobs"] == 1
+    assert goodput("other", now=now)["goodput"] is None
+    page = html(staff_client.get("/repairs/"))
+    assert 'data-testid="goodput-figure">96.6%<' in page
+    assert "How it is computed" in page and "lost to 1 interruption" in page
+
+
+def test_goodput_queries_do_not_grow_with_jobs():
+    from health.selectors import goodput
+
+    cluster = make_cluster()
+    now = timezone.now()
+    _interrupted_run(cluster, "1", now)
+    with CaptureQueriesContext(connection) as few:
+        goodput("hp", now=now)
+    for i in range(2, 12):
+        _interrupted_run(cluster, str(i), now)
+    with CaptureQueriesContext(connection) as many:
+        figures = goodput("hp", now=now)
+    assert len(many.captured_queries) == len(few.captured_queries) == 5
+    assert figures["interruptions"] == 11 and figures["goodput"] == pytest.approx(57 / 59)
+
+
 # --- query counts and escaping --------------------------------------------------------------
 def _fill_node(node: Node, n: int, user) -> None:
     for i in range(n):
@@ -616,7 +760,13 @@ def test_node_page_and_repair_queue_in_the_browser(live_server, transactional_db
     cluster = make_cluster(repair_requires_approval=True)
     node = node_of(cluster, 1)
     for i in range(6):
-        add_report(node, minutes_ago=6 - i, gflops=1.2 - i / 50, gpus=4)
+        add_report(
+            node,
+            minutes_ago=6 - i,
+            gflops=1.2 - i / 50,
+            gpus=4,
+            extra=[host_check(cpu=10.0 + i, rx=1_000_000 * i)],
+        )
     Node.objects.filter(pk=node.pk).update(health="FAILED", health_message="SLOW_NODE")
     repair = services.repair_plan(failure=add_failure(node, mode="SLOW_NODE"))
     shots = Path("/tmp/ui-shots")
@@ -643,6 +793,10 @@ def test_node_page_and_repair_queue_in_the_browser(live_server, transactional_db
                 "data-charts-ready", "1"
             )
             assert page.locator("#node-charts .js-plotly-plot").count() == 5
+            sync_api.expect(page.locator("#host-charts")).to_have_attribute(
+                "data-charts-ready", "1"
+            )
+            assert page.locator("#host-charts .js-plotly-plot").count() == 5
             # The repair is pending approval: the form waits.
             sync_api.expect(page.locator("#repair-action")).to_be_disabled()
             page.screenshot(path=str(shots / "health-node.png"), full_page=True)

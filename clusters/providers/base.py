@@ -83,9 +83,17 @@ class Provider(ABC):
     def login_command(self, cluster: Cluster) -> str:
         return ""
 
-    def node_checks(self, cluster: Cluster, node: Node) -> dict | None:
-        """Run the node's health checks now and return the agent's report, where the
-        provider can reach the node directly; None where the node's own agent reports."""
+    def node_checks(
+        self,
+        cluster: Cluster,
+        node: Node,
+        *,
+        dcgm_level: int | None = None,
+        trigger: str = "on-demand",
+    ) -> dict | None:
+        """Run the node's health checks now (DCGM at ``dcgm_level``) and return the agent's
+        report, where the provider can reach the node directly; None where the node's own
+        agent reports."""
         return None
 
 

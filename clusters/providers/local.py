@@ -1,14 +1,16 @@
 """The local provider: real Slurm daemons on this machine (DESIGN.md section 3).
 
 Per cluster, ``$MTC_DATA_DIR/clusters/<id>/`` holds etc/ (slurm.conf, gres.conf,
-munge.key), run/ (pid files, munge socket), log/, state/ and nodes/<node>/
-(spool, emulated GPU device files, scratch). One munged and one slurmctld per
-cluster, one ``slurmd -N <node>`` per node. The daemons detach from whoever
-started them, so a cluster outlives a restart of the web stack.
+munge.key), run/ (pid files, munge and slurmrestd sockets), log/, state/ and
+nodes/<node>/ (spool, emulated GPU device files, scratch). One munged, one
+slurmctld and one slurmrestd (job submission over a unix socket) per cluster, one
+``slurmd -N <node>`` per node. The daemons detach from whoever started them, so a
+cluster outlives a restart of the web stack.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from jobs.slurm import SlurmClient, SlurmError
+from jobs.slurm.rest import RestClient
 
 from .. import slurm_config
 from . import munge, procs
@@ -31,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 READY_STATES = {"IDLE", "ALLOCATED", "MIXED", "COMPLETING"}
+# slurmrestd stays in the foreground: the Popen objects of the ones this process
+# started, so their exit is reaped (no zombies, no ResourceWarning).
+_restd_children: dict[int, subprocess.Popen] = {}
 
 
 def host_gpu_devices() -> list[str]:
@@ -61,8 +67,16 @@ class LocalProvider(LocalNodes, Provider):
     def node_dir(self, cluster: Cluster, name: str) -> Path:
         return self.root(cluster) / "nodes" / name
 
+    def rest_socket(self, cluster: Cluster) -> str:
+        path = str(self.root(cluster) / "run" / "slurmrestd.sock")
+        if len(path) < 100:  # AF_UNIX paths are limited to 108 bytes
+            return path
+        digest = hashlib.sha1(path.encode()).hexdigest()[:16]
+        return f"/tmp/mtc-slurmrestd-{digest}.sock"
+
     def slurm(self, cluster: Cluster) -> SlurmClient:
-        return SlurmClient(self.conf_path(cluster))
+        # Submits try slurmrestd first; a missing or dead socket falls back to sbatch.
+        return SlurmClient(self.conf_path(cluster), rest_socket=self.rest_socket(cluster))
 
     def login_command(self, cluster: Cluster) -> str:
         return f"SLURM_CONF={self.conf_path(cluster)} sinfo"
@@ -106,6 +120,72 @@ class LocalProvider(LocalNodes, Provider):
             self.root(cluster) / "run" / f"slurmd-{name}.pid", str(self.conf_path(cluster))
         )
 
+    def _slurmrestd_pid(self, cluster: Cluster) -> int | None:
+        _reap_restd()  # one that died under this process is a zombie until then
+        return procs.daemon_pid(
+            self.root(cluster) / "run" / "slurmrestd.pid", self.rest_socket(cluster)
+        )
+
+    def _start_slurmrestd(self, cluster: Cluster) -> None:
+        """slurmrestd on the cluster's unix socket (local auth: the peer's uid). It is
+        a speed-up for submits only, so a host without it, or one that fails to
+        start, leaves the cluster working on sbatch (logged)."""
+        if not shutil.which("slurmrestd"):
+            log.warning("slurmrestd is not installed; %s submits with sbatch", cluster.cluster_id)
+            return
+        socket_path = self.rest_socket(cluster)
+        Path(socket_path).unlink(missing_ok=True)  # a killed daemon's socket blocks bind
+        env = self._env(cluster)
+        if os.geteuid() == 0:
+            # slurmrestd refuses to run as root unless told; mtc's daemons all run as
+            # the web stack's user. Its local auth refuses other uids' connections,
+            # and the socket is 0600 besides.
+            env["SLURMRESTD_SECURITY"] = "disable_user_check"
+        args = [
+            "slurmrestd",
+            "-f",
+            str(self.conf_path(cluster)),
+            "-a",
+            "rest_auth/local",
+            "-s",
+            "openapi/v0.0.38",  # the newest v0.0.x plugin 22.05 ships
+            f"unix:{socket_path}",
+        ]
+        with open(self.root(cluster) / "log" / "slurmrestd.log", "ab") as out:
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=env,
+                start_new_session=True,
+            )
+        _restd_children[proc.pid] = proc
+        (self.root(cluster) / "run" / "slurmrestd.pid").write_text(f"{proc.pid}\n")
+        client = RestClient(socket_path, timeout=2)
+        deadline = time.monotonic() + 10
+        while proc.poll() is None and time.monotonic() < deadline:
+            if Path(socket_path).exists():
+                # It makes the socket 0777; connecting needs write access to it.
+                os.chmod(socket_path, 0o600)
+                if client.ping():
+                    return
+            time.sleep(0.05)
+        log.error(
+            "slurmrestd of %s did not answer (see %s); submits use sbatch",
+            cluster.cluster_id,
+            self.root(cluster) / "log" / "slurmrestd.log",
+        )
+        self._stop_slurmrestd(cluster)
+
+    def _stop_slurmrestd(self, cluster: Cluster) -> None:
+        pid = self._slurmrestd_pid(cluster)
+        if pid:
+            self._stop_pid(pid)
+        _reap_restd()
+        (self.root(cluster) / "run" / "slurmrestd.pid").unlink(missing_ok=True)
+        Path(self.rest_socket(cluster)).unlink(missing_ok=True)
+
     def _ensure_munged(self, cluster: Cluster) -> None:
         munge.ensure(self.root(cluster))
 
@@ -147,8 +227,13 @@ class LocalProvider(LocalNodes, Provider):
         for i, script in enumerate(scripts):
             (hook_dir / f"{i:02d}.sh").write_text(script)
         wrapper = self.root(cluster) / "etc" / f"{kind}.sh"
+        # $MTC_HEALTHCHECK lets a spec's prolog run the node agent's quick checks
+        # (`"$MTC_HEALTHCHECK" prolog`): a failure fails the prolog, so Slurm drains the
+        # node and requeues the job instead of starting it there.
+        healthcheck = slurm_config.health_check_program(self.root(cluster))
         wrapper.write_text(
-            f'#!/bin/bash\nset -e\nfor script in "{hook_dir}"/*.sh; do /bin/bash "$script"; done\n'
+            f'#!/bin/bash\nset -e\nexport MTC_HEALTHCHECK="{healthcheck}"\n'
+            f'for script in "{hook_dir}"/*.sh; do /bin/bash "$script"; done\n'
         )
         wrapper.chmod(0o755)
         return str(wrapper)
@@ -212,6 +297,7 @@ class LocalProvider(LocalNodes, Provider):
             if not (self.node_dir(cluster, node.name) / "agent.json").exists():
                 self.node_setup(cluster, node)
         self._ensure_munged(cluster)
+        self.health_check_write(cluster)  # slurm.conf names it; slurmd runs it at start
         changed = self._render(cluster, nodes)
         ctld = self._slurmctld_pid(cluster)
         running_slurmds = [n for n in nodes if self._slurmd_pid(cluster, n.name)]
@@ -224,6 +310,10 @@ class LocalProvider(LocalNodes, Provider):
             self._start_slurmctld(cluster)
             if changed and running_slurmds:
                 self.slurm(cluster).reconfigure()  # running slurmds re-read the config
+        if changed:
+            self._stop_slurmrestd(cluster)  # it reads slurm.conf once, at start
+        if not self._slurmrestd_pid(cluster):
+            self._start_slurmrestd(cluster)
         for node in nodes:
             if not self._slurmd_pid(cluster, node.name):
                 self._start_slurmd(cluster, node)
@@ -281,12 +371,19 @@ class LocalProvider(LocalNodes, Provider):
                 self.slurm(cluster).cancel_all()
             except SlurmError as exc:
                 log.warning("cancelling jobs of %s: %s", cluster.cluster_id, exc)
-        pids = [pid for pid in (self._slurmctld_pid(cluster), self._munged_pid(cluster)) if pid]
+        daemons = (
+            self._slurmctld_pid(cluster),
+            self._munged_pid(cluster),
+            self._slurmrestd_pid(cluster),
+        )
+        pids = [pid for pid in daemons if pid]
         pids += procs.processes_mentioning(str(root))
         left = procs.stop(sorted(set(pids)))
+        _reap_restd()
         if left:
             raise ProviderError(f"processes {left} would not stop", code="DAEMON_STOP_FAILED")
         Path(self.munge_socket(cluster)).unlink(missing_ok=True)
+        Path(self.rest_socket(cluster)).unlink(missing_ok=True)
         shutil.rmtree(root, ignore_errors=True)
 
     def stop_cluster(self, cluster: Cluster) -> None:
@@ -294,6 +391,7 @@ class LocalProvider(LocalNodes, Provider):
         root = self.root(cluster)
         if root.exists():
             procs.stop(sorted(set(procs.processes_mentioning(str(root)))))
+            _reap_restd()
 
     def controller_alive(self, cluster: Cluster) -> bool:
         return self._slurmctld_pid(cluster) is not None
@@ -355,3 +453,10 @@ class LocalProvider(LocalNodes, Provider):
         if node.gpus:
             self._gpu_files(cluster, node)
         self.node_setup(cluster, node, keep_faults=keep_faults)
+
+
+def _reap_restd() -> None:
+    """Collect the exit status of slurmrestd processes this process started."""
+    for pid, proc in list(_restd_children.items()):
+        if proc.poll() is not None:
+            del _restd_children[pid]

@@ -1,11 +1,13 @@
 """The local provider's node side of health: each emulated node's device shim and
-agent, its checks on demand, and real faults (kill, disk, slow) as well as the
-emulated GPU faults the shim reports."""
+agent (a daemon that reports to the API with the node's own token, and Slurm's
+HealthCheckProgram), its checks on demand, and real faults (kill, disk, slow) as well
+as the emulated GPU faults the shim reports."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,9 @@ from django.conf import settings
 
 from health.agent.shim import inject as shim_faults
 from health.agent.shim.install import install as shim_install
+from health.policy import dcgm_level_for
 
+from .. import slurm_config
 from . import procs
 
 if TYPE_CHECKING:
@@ -27,6 +31,12 @@ FAULT_KINDS = (*REAL_FAULTS, *shim_faults.KINDS)
 # What survives which repair: GPU hardware faults go only with a new machine.
 HARDWARE_FAULTS = ("ecc", "sdc", "dcgm", "gpu-missing")
 FILL_FILE = "mtc-fault-fill"
+TOKEN_FILE = "agent.token"
+# Slurm's health check: the quick checks only (no speed, correctness or deep DCGM), each
+# run well inside the 60 s slurmd gives a HealthCheckProgram.
+HEALTH_CHECKS = "disk,gpu,ecc,xid,dcgm"
+# The shim's tools are `#!/usr/bin/env python3`; slurmd gives its health check no PATH.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class LocalNodes:
@@ -59,9 +69,87 @@ class LocalNodes:
                 "disk_min_free_pct": 10,
                 "disk_min_free_gb": 0.1,
                 "speed_seconds": 0.3,
+                # health.json is written first and read by the poller when the API is out
+                # of reach, so a report need not wait on long retries.
+                "report_retries": 1,
+                "report_backoff_s": 0.5,
+                "report_timeout_s": 5.0,
             }
         )
         config_path.write_text(json.dumps(config, indent=2))
+        self.agent_token_write(cluster, node)
+        self.health_check_write(cluster)
+
+    def agent_token_write(self, cluster: Cluster, node: Node) -> Path:
+        """A new token for the node's agent (the database keeps only its hash), in a file
+        only its owner (the user mtc runs as) can read. A new machine (reimage, replace)
+        gets a new one."""
+        from health.services import node_token_issue
+
+        path = self.node_dir(cluster, node.name) / TOKEN_FILE
+        token = node_token_issue(node)
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+        return path
+
+    def _agent_token_file(self, cluster: Cluster, node: Node) -> Path:
+        """The node's token file, issued anew if the file or the stored hash is missing."""
+        from clusters.models import Node as NodeRow
+
+        path = self.node_dir(cluster, node.name) / TOKEN_FILE
+        stored = NodeRow.objects.filter(pk=node.pk).values_list("agent_token_hash", flat=True)
+        if not path.exists() or not stored.first():
+            return self.agent_token_write(cluster, node)
+        return path
+
+    def report_url(self, cluster: Cluster, node: Node) -> str:
+        from django.urls import reverse
+
+        path = reverse(
+            "node-health-report", kwargs={"cluster_id": cluster.cluster_id, "node": node.name}
+        )
+        return settings.MTC_PUBLIC_URL.rstrip("/") + path.rstrip("/")
+
+    def health_check_write(self, cluster: Cluster) -> Path:
+        """The cluster's HealthCheckProgram (slurm.conf names it): the agent's quick checks
+        for the node slurmd says (SLURMD_NODENAME, its only environment variable), which
+        drain the node themselves on a critical finding."""
+        root = self.root(cluster)
+        path = slurm_config.health_check_program(root)
+        q = shlex.quote
+        nodes, log_dir = root / "nodes", root / "log"
+        text = f"""#!/bin/sh
+# Slurm's HealthCheckProgram for cluster {cluster.cluster_id}, written by mtc (edits are
+# overwritten). slurmd runs it when it starts and every HealthCheckInterval with no
+# environment but SLURMD_NODENAME: several slurmd share this host, so that names the node.
+PATH={SYSTEM_PATH}
+SLURM_CONF={q(str(self.conf_path(cluster)))}
+export PATH SLURM_CONF
+node="${{SLURMD_NODENAME:-}}"
+trigger="${{1:-healthcheck}}"  # "prolog" when a spec's prolog runs it
+case "$trigger" in healthcheck|prolog|epilog) ;; *) trigger=healthcheck ;; esac
+case "$node" in
+  ""|*/*|.*) echo "mtc-healthcheck: SLURMD_NODENAME is not set" >&2; exit 0 ;;
+esac
+dir={q(str(nodes))}/"$node"
+[ -f "$dir/agent.json" ] || exit 0
+MTC_NODE_DIR="$dir"
+export MTC_NODE_DIR
+exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
+  --config "$dir/agent.json" --once --checks {HEALTH_CHECKS} \
+  --dcgm-level {dcgm_level_for("healthcheck")} --trigger "$trigger" \
+  --state-file "$dir/healthcheck-state.json" --output "$dir/healthcheck.json" \
+  --slurm-drain >/dev/null 2>>{q(str(log_dir))}/"healthcheck-$node.log"
+"""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            tmp.replace(path)
+        return path
 
     def _agent_env(self, cluster: Cluster, node: Node) -> dict[str, str]:
         env = dict(
@@ -72,24 +160,40 @@ class LocalNodes:
         )
         return env
 
-    def node_checks(self, cluster: Cluster, node: Node) -> dict | None:
-        """Run the node's agent once, now, and return its report."""
+    def node_checks(
+        self,
+        cluster: Cluster,
+        node: Node,
+        *,
+        dcgm_level: int | None = None,
+        trigger: str = "on-demand",
+    ) -> dict | None:
+        """Run the node's agent once, now, and return its report (``dcgm_level``: the
+        diag level for this run, else the node's configured one)."""
+        from health.agent.mtc_agent import DCGM_BUDGET_BY_LEVEL
+
         node_dir = self.node_dir(cluster, node.name)
         if not (node_dir / "agent.json").exists():
             self.node_setup(cluster, node)
+        args = [
+            sys.executable,
+            str(AGENT_DIR / "mtc_agent.py"),
+            "--node",
+            node.name,
+            "--config",
+            str(node_dir / "agent.json"),
+            "--once",
+            "--trigger",
+            trigger,
+        ]
+        if dcgm_level is not None:
+            args += ["--dcgm-level", str(dcgm_level)]
         proc = subprocess.run(
-            [
-                sys.executable,
-                str(AGENT_DIR / "mtc_agent.py"),
-                "--node",
-                node.name,
-                "--config",
-                str(node_dir / "agent.json"),
-                "--once",
-            ],
+            args,
             capture_output=True,
             text=True,
-            timeout=120,
+            # A deep diag on real GPUs takes minutes: wait for its budget, not less.
+            timeout=60 + DCGM_BUDGET_BY_LEVEL.get(dcgm_level or 1, 120.0),
             env=self._agent_env(cluster, node),
             check=False,
         )
@@ -97,12 +201,15 @@ class LocalNodes:
         return json.loads(lines[-1]) if lines else None
 
     def start_node_agent(self, cluster: Cluster, node: Node, *, interval: float) -> None:
-        """The node's agent as a daemon: a report every ``interval`` seconds to
-        health.json (the poller reads it) and, when configured, to the API."""
+        """The node's agent as a daemon: a report every ``interval`` seconds POSTed to the
+        API with the node's token, and written to health.json, which the poller reads
+        when a report did not get through."""
         node_dir = self.node_dir(cluster, node.name)
         pidfile = self.root(cluster) / "run" / f"agent-{node.name}.pid"
         if procs.daemon_pid(pidfile, str(node_dir / "agent.json")):
             return
+        token_file = self._agent_token_file(cluster, node)
+        self.health_check_write(cluster)
         args = [
             sys.executable,
             str(AGENT_DIR / "mtc_agent.py"),
@@ -114,6 +221,10 @@ class LocalNodes:
             str(interval),
             "--output",
             str(node_dir / "health.json"),
+            "--report-url",
+            self.report_url(cluster, node),
+            "--token-file",
+            str(token_file),
         ]
         with open(self.root(cluster) / "log" / f"agent-{node.name}.log", "ab") as log:
             proc = subprocess.Popen(

@@ -6,7 +6,8 @@ Stdlib only, one file, any python3 >= 3.8, so it can be copied onto any node.
     python3 mtc_agent.py --node NAME [--config FILE.json] [--once | --interval SECONDS]
         [--checks disk,gpu,ecc,xid,dcgm,speed,correctness]
         [--report-url URL (--token TOKEN | --token-file FILE | $MTC_AGENT_TOKEN)]
-        [--output FILE] [--slurm-drain]
+        [--output FILE] [--state-file FILE] [--slurm-drain]
+        [--dcgm-level 0-4] [--trigger periodic|healthcheck|prolog|suspicion|post-repair|...]
 
 Each check runs under a time budget and yields
 ``{"name", "status", "duration_s", "budget_s", "details", "findings"}`` where status is one of
@@ -20,8 +21,14 @@ failed (a critical finding), 2 when a check could not run (error/timeout) or on 
 Reporting problems are logged to stderr and do not change the exit status.
 
 As Slurm's HealthCheckProgram or in a prolog/epilog, ``--slurm-drain`` drains the node on a
-critical finding: ``scontrol update NodeName=<node> State=DRAIN Reason="mtc: <codes>"``.
-DCGM level 1 is light enough to run beside jobs; run levels 2-3 from prolog/epilog only.
+critical finding: ``scontrol update NodeName=<node> State=DRAIN Reason="mtc: <codes>"`` (a node
+already drained, by mtc or by a person, keeps its reason).
+
+The DCGM level follows the trigger (``--dcgm-level``, else the config's ``dcgm_level``): level 1
+is light enough to run beside jobs (HealthCheckProgram, prolog, periodic rounds); levels 2-3 are
+for a node under suspicion or one about to return to service. In ``--interval`` mode the server
+may ask for one deeper round in its answer to a report: ``{"next_round": {"dcgm_level": 2,
+"reason": "..."}}``. ``--trigger`` names why a round ran; it is kept in the dcgm check's details.
 """
 
 from __future__ import annotations
@@ -731,6 +738,9 @@ class Agent:
         self.env = dict(os.environ, PATH=self.path)
         self.state = load_state(config.get("state_file"))
         self.pending_state: dict = {}
+        # Per round: the DCGM diag level and why this round ran (see main()).
+        self.dcgm_level = int(config.get("dcgm_level") or 0)
+        self.trigger = str(config.get("trigger") or "periodic")
         self._gpu_rows: list[dict] | None = None
         self._lost_rows: list[dict] = []
 
@@ -753,7 +763,7 @@ class Agent:
         if name in budgets:
             return float(budgets[name])
         if name == "dcgm":
-            level = int(self.config.get("dcgm_level") or 1)
+            level = self.dcgm_level or 1
             return DCGM_BUDGET_BY_LEVEL.get(level, DCGM_BUDGET_BY_LEVEL[4])
         return DEFAULT_BUDGETS[name]
 
@@ -1087,12 +1097,13 @@ def check_xid(agent: Agent, chk: Check) -> None:
 
 
 def check_dcgm(agent: Agent, chk: Check) -> None:
+    level = agent.dcgm_level
+    chk.details["level"] = level
+    chk.details["trigger"] = agent.trigger
     dcgmi = agent.which("dcgmi")
     if not dcgmi:
         chk.skip("dcgmi not found")
         return
-    level = int(agent.config.get("dcgm_level") or 0)
-    chk.details["level"] = level
     if level <= 0:
         chk.skip("dcgm_level is 0")
         return
@@ -1432,6 +1443,19 @@ def post_report(
     Connection errors, timeouts, 429 and 5xx are retried ``retries`` times with exponential
     backoff (a numeric Retry-After is honoured, capped at 60 s).
     """
+    return deliver(url, token, report, retries, backoff, timeout, sleep)[0]
+
+
+def deliver(
+    url: str,
+    token: str | None,
+    report: dict,
+    retries: int = 5,
+    backoff: float = 1.0,
+    timeout: float = 10.0,
+    sleep=time.sleep,
+) -> tuple[str, dict]:
+    """post_report(), and the server's answer (its JSON object, or {})."""
     body = json.dumps(report).encode("utf-8")
     headers = {"Content-Type": "application/json", "User-Agent": f"mtc-agent/{AGENT_VERSION}"}
     if token:
@@ -1442,8 +1466,12 @@ def post_report(
         try:
             req = urllib.request.Request(url, data=body, headers=headers, method="POST")
             with _OPENER.open(req, timeout=timeout) as resp:
-                resp.read()
-            return "ok"
+                text = resp.read(65536)
+            try:
+                answer = json.loads(text.decode("utf-8")) if text else {}
+            except ValueError:
+                answer = {}
+            return "ok", answer if isinstance(answer, dict) else {}
         except urllib.error.HTTPError as exc:
             detail = ""
             try:
@@ -1453,7 +1481,7 @@ def post_report(
             last = f"HTTP {exc.code} {detail.strip()}"
             if exc.code != 429 and exc.code < 500:
                 log(f"report rejected (permanent, not retried): {last}")
-                return "permanent"
+                return "permanent", {}
             retry_after = exc.headers.get("Retry-After") if exc.headers else None
             if retry_after and retry_after.strip().isdigit():
                 wait = min(float(retry_after.strip()), 60.0)
@@ -1465,7 +1493,18 @@ def post_report(
             log(f"report attempt {attempt + 1} failed ({last}); retrying in {wait:.1f}s")
             sleep(wait)
     log(f"report not delivered after {int(retries) + 1} attempts: {last}")
-    return "failed"
+    return "failed", {}
+
+
+def requested_dcgm_level(answer: dict) -> tuple[int, str] | None:
+    """(level, reason) when the server's answer asks for a deeper next round."""
+    wanted = answer.get("next_round") if isinstance(answer, dict) else None
+    if not isinstance(wanted, dict):
+        return None
+    level = wanted.get("dcgm_level")
+    if not isinstance(level, int) or isinstance(level, bool) or not 1 <= level <= 4:
+        return None
+    return level, str(wanted.get("reason") or "requested by the server")[:200]
 
 
 def slurm_drain(agent: Agent, node: str, codes: list[str]) -> int | None:
@@ -1475,6 +1514,12 @@ def slurm_drain(agent: Agent, node: str, codes: list[str]) -> int | None:
         log(f"cannot drain {node}: scontrol not found")
         return None
     reason = ("mtc: " + ",".join(codes))[:200]
+    held = _drained_by(agent, scontrol, node)
+    if held is not None:
+        # Out of service already: keep the reason of whoever drained it (a person's, or
+        # mtc's repair), so that this round does not overwrite it.
+        log(f"{node} is already drained ({held or 'no reason'}); not draining again")
+        return 0
     args = [scontrol, "update", "NodeName=" + node, "State=DRAIN", "Reason=" + reason]
     try:
         proc = subprocess.run(
@@ -1493,6 +1538,31 @@ def slurm_drain(agent: Agent, node: str, codes: list[str]) -> int | None:
     else:
         log(f"drained {node}: {reason}")
     return proc.returncode
+
+
+_NODE_STATE_RE = re.compile(r"\bState=(\S+)")
+_NODE_REASON_RE = re.compile(r"\bReason=(.*?)(?:\s+\[[^\]]*\])?\s*$")
+
+
+def _drained_by(agent: Agent, scontrol: str, node: str) -> str | None:
+    """The drain reason when Slurm has the node drained already ("" if none given); None when
+    it is not drained or Slurm cannot say."""
+    try:
+        proc = subprocess.run(
+            [scontrol, "show", "node", "-o", node],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=agent.env,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    state = _NODE_STATE_RE.search(proc.stdout or "")
+    if proc.returncode != 0 or not state or "DRAIN" not in state.group(1):
+        return None
+    reason = _NODE_REASON_RE.search(proc.stdout.strip())
+    return reason.group(1).strip() if reason else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -1566,6 +1636,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", metavar="FILE", help="file holding the bearer token")
     p.add_argument("--output", metavar="FILE", help="also write the report to FILE (atomically)")
     p.add_argument(
+        "--state-file",
+        metavar="FILE",
+        help="what earlier rounds saw (XID lines); default: the config's state_file",
+    )
+    p.add_argument(
+        "--dcgm-level",
+        type=int,
+        choices=range(0, 5),
+        metavar="0-4",
+        help="dcgmi diag -r level for this run (0: no diag); default: the config's dcgm_level",
+    )
+    p.add_argument(
+        "--trigger",
+        metavar="NAME",
+        help="why this run happens (periodic, healthcheck, prolog, suspicion, post-repair, ...)",
+    )
+    p.add_argument(
         "--slurm-drain",
         action="store_true",
         help="on a critical finding: scontrol update NodeName=<node> State=DRAIN",
@@ -1611,8 +1698,15 @@ def main(argv=None) -> int:
     except UsageError as exc:
         log(str(exc))
         return 2
+    if args.state_file:
+        config["state_file"] = args.state_file
+    if args.dcgm_level is not None:
+        config["dcgm_level"] = args.dcgm_level
+    if args.trigger:
+        config["trigger"] = args.trigger[:40]
     agent = Agent(config)
     stop = threading.Event()
+    deeper: tuple[int, str] | None = None  # one deeper round the server asked for
     if args.interval is not None:
 
         def _stop(signum, frame):
@@ -1623,6 +1717,11 @@ def main(argv=None) -> int:
 
     while True:
         started = time.monotonic()
+        agent.dcgm_level = int(config.get("dcgm_level") or 0)
+        agent.trigger = str(config.get("trigger") or ("periodic" if args.interval else "on-demand"))
+        if deeper:
+            agent.dcgm_level, agent.trigger = deeper[0], "requested: " + deeper[1]
+            deeper = None
         report = run_round(agent, settings["node"], settings["names"])
         sys.stdout.write(json.dumps(report) + "\n")
         sys.stdout.flush()
@@ -1636,7 +1735,14 @@ def main(argv=None) -> int:
             except OSError as exc:
                 log(f"cannot write {args.output}: {exc}")
         if settings["url"]:
-            outcome = post_report(
+            if args.token_file and not args.token:
+                # Read again each round: a node given a new token keeps reporting.
+                try:
+                    with open(args.token_file, encoding="utf-8") as fh:
+                        settings["token"] = fh.read().strip() or settings["token"]
+                except OSError as exc:
+                    log(f"cannot read token file (keeping the last token): {exc}")
+            outcome, answer = deliver(
                 settings["url"],
                 settings["token"],
                 report,
@@ -1646,6 +1752,7 @@ def main(argv=None) -> int:
             )
             # Undelivered XID lines stay "new" so that the next round reports them again.
             delivered = outcome != "failed"
+            deeper = requested_dcgm_level(answer)
         if delivered:
             agent.commit_state()
         if args.interval is None:

@@ -177,7 +177,10 @@ class AgentReportView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        request={"application/json": {"type": "object"}}, responses={202: {"type": "object"}}
+        request={"application/json": {"type": "object"}},
+        responses={202: {"type": "object"}, 200: {"type": "object"}},
+        description="202: stored (``next_round`` may ask for a deeper DCGM round); 200: a "
+        "report no newer than the node's last (already stored), not stored again.",
     )
     def post(self, request, cluster_id, node):
         node = _node(cluster_id, node)
@@ -195,8 +198,17 @@ class AgentReportView(APIView):
                 message="The report must be a JSON object for this node.",
                 fields={"node": "Must be this node's name."},
             )
-        report = services.report_ingest(node=node, report=request.data)
-        return Response(
-            {"accepted": True, "ok": report.ok, "findings": [f["code"] for f in report.findings]},
-            status=status.HTTP_202_ACCEPTED,
-        )
+        report = services.agent_report_accept(node=node, report=request.data)
+        if report is None:
+            # Already stored (the poller read the same report from the node's health.json
+            # first), or older than the node's last: accepted, nothing to do.
+            return Response({"accepted": False, "reason": "not newer than the node's last report"})
+        answer = {
+            "accepted": True,
+            "ok": report.ok,
+            "findings": [f["code"] for f in report.findings],
+        }
+        deeper = services.deep_check_request(node=node)
+        if deeper:
+            answer["next_round"] = deeper
+        return Response(answer, status=status.HTTP_202_ACCEPTED)

@@ -1,5 +1,6 @@
 """Every Slurm call as an argument list (never a shell), with the cluster's
-SLURM_CONF, a timeout, and errors split into transient and permanent."""
+SLURM_CONF, a timeout, and errors split into transient and permanent. Submits go
+to the cluster's slurmrestd when it has one (rest.py), else to sbatch."""
 
 from __future__ import annotations
 
@@ -54,9 +55,13 @@ class SlurmNode:
 
 
 class SlurmClient:
-    def __init__(self, conf_path: Path | str, *, timeout: float = 15.0):
+    def __init__(
+        self, conf_path: Path | str, *, timeout: float = 15.0, rest_socket: str | None = None
+    ):
         self.conf_path = str(conf_path)
         self.timeout = timeout
+        # The cluster's slurmrestd socket, if it runs one: submits go there first.
+        self.rest_socket = rest_socket
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -71,6 +76,7 @@ class SlurmClient:
         timeout: float | None = None,
         check: bool = True,
         env: dict[str, str] | None = None,
+        cwd: str | None = None,
     ) -> subprocess.CompletedProcess:
         try:
             proc = subprocess.run(
@@ -79,6 +85,7 @@ class SlurmClient:
                 capture_output=True,
                 text=True,
                 env=env or self.env(),
+                cwd=cwd,
                 timeout=timeout or self.timeout,
                 check=False,
             )
@@ -190,13 +197,43 @@ class SlurmClient:
         return jobs[0] if jobs else None
 
     def submit(self, args: list[str], script: str, env: dict[str, str]) -> str:
-        """Run sbatch with ``args``, the script on stdin, ``env`` as the job's extra
-        environment. Returns the job id."""
-        # The job gets a clean environment: the host's PATH and locale, and what was asked.
+        """Submit the job that ``args`` (an sbatch argument list) describes, with
+        ``script`` as its batch script and ``env`` as its extra environment. Returns
+        the job id.
+
+        Through the cluster's slurmrestd when it answers, else by running sbatch
+        with the script on stdin; either way the same job with the same environment:
+        PATH, LANG, LC_ALL and TZ of this process, ``env``, SLURM_CONF, and the
+        SLURM_* variables sbatch adds (task counts, submit dir and host, umask,
+        resource limits). The submit dir is the job's --chdir."""
+        from .rest import RestUnavailable, RestUnsuitable, option_values
+
         base = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
         base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-        proc = self.run(args, stdin=script, env={**base, **env, "SLURM_CONF": self.conf_path})
+        job_env = {**base, **env, "SLURM_CONF": self.conf_path}
+        chdir = option_values(args)[0].get("--chdir", "")
+        submit_dir = chdir if chdir and os.path.isdir(chdir) else os.getcwd()
+        if self.rest_socket:
+            try:
+                return self.submit_rest(args, script, job_env, submit_dir)
+            except RestUnavailable as exc:  # not running (yet): the usual case elsewhere
+                log.debug("submitting with sbatch: %s", exc)
+            except RestUnsuitable as exc:
+                log.info("submitting with sbatch instead of slurmrestd: %s", exc)
+        proc = self.run(args, stdin=script, env=job_env, cwd=submit_dir)
         return proc.stdout.strip().split(";")[0]
+
+    def submit_rest(
+        self, args: list[str], script: str, job_env: dict[str, str], submit_dir: str
+    ) -> str:
+        """The REST half of ``submit``: ``job_env`` is the environment sbatch would
+        get; the job gets it plus what sbatch adds."""
+        from .rest import RestClient, check_script, job_description, sbatch_environment
+
+        check_script(script)
+        environment = {**job_env, **sbatch_environment(args, submit_dir)}
+        job = job_description(args, environment)
+        return RestClient(self.rest_socket, timeout=self.timeout).submit(script, job)
 
     def control(self, action: str, job_id: str) -> None:
         """cancel, requeue, hold or release one job."""

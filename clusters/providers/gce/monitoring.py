@@ -88,11 +88,10 @@ class CloudMonitoring:
             view=monitoring_v3.ListTimeSeriesRequest.TimeSeriesView.FULL,
         )
         try:
-            return list(self.client.list_time_series(request=request, timeout=10))
-        except gexc.GoogleAPICallError as exc:
-            raise ProviderError(
-                f"Cloud Monitoring: {exc.message}", code="MONITORING_ERROR"
-            ) from exc
+            # A page waits on this: one try, a few seconds, then say so on the page.
+            return list(self.client.list_time_series(request=request, retry=None, timeout=5))
+        except gexc.GoogleAPIError as exc:
+            raise ProviderError(f"Cloud Monitoring: {exc}", code="MONITORING_ERROR") from exc
 
     def gpu_series(
         self, instance: str, *, since: datetime, until: datetime, step_s: int = 60
@@ -139,8 +138,6 @@ class CloudMonitoring:
                     time_series=series[start : start + WRITE_BATCH],
                     timeout=10,
                 )
-            except gexc.GoogleAPICallError as exc:
-                raise ProviderError(
-                    f"Cloud Monitoring: {exc.message}", code="MONITORING_ERROR"
-                ) from exc
+            except gexc.GoogleAPIError as exc:
+                raise ProviderError(f"Cloud Monitoring: {exc}", code="MONITORING_ERROR") from exc
         return len(series)
