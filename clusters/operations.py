@@ -427,8 +427,10 @@ def clusters_restore() -> list[str]:
     for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES):
         if cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).exists():
             continue
+        provider = get_provider(cluster.provider)
         try:
-            if get_provider(cluster.provider).controller_alive(cluster):
+            if provider.controller_alive(cluster):
+                provider.services_check(cluster)
                 continue
         except ProviderError as exc:  # e.g. the cloud API unreachable: look again next round
             log.warning("cannot tell whether %s's controller runs: %s", cluster.cluster_id, exc)

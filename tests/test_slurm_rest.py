@@ -341,6 +341,14 @@ def test_both_paths_make_the_same_job_on_a_real_cluster(local_clusters, user, tm
     assert response.status_code == 201, response.content
     assert log.read_text().count("POST /slurm/v0.0.38/job/submit") == posts + 1
 
+    # A slurmrestd that dies is started again by the 10-second recovery round.
+    provider._stop_slurmrestd(cluster)
+    assert not provider._slurmrestd_pid(cluster)
+    from clusters.operations import clusters_restore
+
+    clusters_restore()
+    assert provider._slurmrestd_pid(cluster) and rest.submit(["sbatch", "--hold"], SCRIPT, {})
+
     provider.stop_cluster(cluster)
     assert not provider._slurmrestd_pid(cluster)
     provider.apply(cluster, list(cluster.nodes.select_related("pool")))

@@ -83,6 +83,9 @@ class Provider(ABC):
     def login_command(self, cluster: Cluster) -> str:
         return ""
 
+    def services_check(self, cluster: Cluster) -> None:  # noqa: B027 - optional hook
+        """Bring back a helper daemon that died while the controller runs (every 10 s)."""
+
     def node_checks(
         self,
         cluster: Cluster,

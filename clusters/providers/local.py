@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from clusters.models import Cluster, Node
 
 log = logging.getLogger(__name__)
+RESTD_RETRY_S = 300
 READY_STATES = {"IDLE", "ALLOCATED", "MIXED", "COMPLETING"}
 # slurmrestd stays in the foreground: the Popen objects of the ones this process
 # started, so their exit is reaped (no zombies, no ResourceWarning).
@@ -177,6 +178,18 @@ class LocalProvider(LocalNodes, Provider):
             self.root(cluster) / "log" / "slurmrestd.log",
         )
         self._stop_slurmrestd(cluster)
+        (self.root(cluster) / "run" / "slurmrestd.failed").touch()
+
+    def services_check(self, cluster: Cluster) -> None:
+        """Start a cluster's slurmrestd again if it died (submits meanwhile use sbatch);
+        after a failed start, wait a while before the next try."""
+        failed = self.root(cluster) / "run" / "slurmrestd.failed"
+        if failed.exists() and time.time() - failed.stat().st_mtime < RESTD_RETRY_S:
+            return
+        if shutil.which("slurmrestd") and not self._slurmrestd_pid(cluster):
+            failed.unlink(missing_ok=True)
+            log.info("restarting slurmrestd of %s", cluster.cluster_id)
+            self._start_slurmrestd(cluster)
 
     def _stop_slurmrestd(self, cluster: Cluster) -> None:
         pid = self._slurmrestd_pid(cluster)
