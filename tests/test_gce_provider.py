@@ -108,6 +108,9 @@ def test_create_sends_network_placement_templates_and_bulk_insert(compute, opera
     assert ctl.query["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-login")
     nodes = operator_api.get(f"/api/v1/clusters/{CID}/nodes").json()
     assert len(nodes["results"] if "results" in nodes else nodes) == 4
+    node = Node.objects.get(name=f"{CID}-a3u-2")
+    instance_id = compute.resources[("instances", node.name)]["id"]
+    assert node.provider_id == f"gce://mtc-test/us-central1-a/{node.name}#{instance_id}"
 
 
 def test_resize_adds_with_bulk_insert_and_removes_after_drain(compute, operator_api):

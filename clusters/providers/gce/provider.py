@@ -144,6 +144,23 @@ class GceProvider(Provider):
                     plan.bulk_insert_request(spec, pool, target, missing),
                     timeout=settings.MTC_GCE_OPERATION_TIMEOUT_S * 3,
                 )
+        self._record_instance_ids(cluster, api, nodes)
+
+    def _record_instance_ids(self, cluster: Cluster, api: ComputeApi, nodes: list[Node]) -> None:
+        """Each node's provider id names its VM: gce://project/zone/name#instance-id."""
+        from clusters.models import Node as NodeModel
+
+        instances = api.instances(cluster.cluster_id)
+        changed = []
+        for node in nodes:
+            inst = instances.get(node.name)
+            if inst is None:
+                continue
+            provider_id = f"gce://{api.target.project}/{api.target.zone}/{node.name}#{inst.id}"
+            if node.provider_id != provider_id:
+                node.provider_id = provider_id
+                changed.append(node)
+        NodeModel.objects.bulk_update(changed, ["provider_id"])
 
     def wait_ready(self, cluster: Cluster, names_: list[str], *, timeout: float) -> None:
         """Every named node RUNNING and its startup script reported ``slurmd=ready``."""
