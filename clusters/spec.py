@@ -10,6 +10,8 @@ from typing import Any
 
 from django.conf import settings
 
+from mtc.fielderrors import FieldErrors
+
 ID_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -59,12 +61,8 @@ MAX_ACCELERATORS = 16
 MAX_SCRIPT_BYTES = 64 * 1024
 
 
-class SpecError(Exception):
+class SpecError(FieldErrors):
     """A spec with errors: ``fields`` maps each JSON path to a message."""
-
-    def __init__(self, fields: dict[str, str]):
-        self.fields = fields
-        super().__init__("; ".join(f"{path}: {msg}" for path, msg in fields.items()))
 
 
 class _Checker:

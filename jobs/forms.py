@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django import forms
 
-from .slurm.submit import SubmissionError
+from .slurm.submit import FIELDS, SubmissionError
 
 EXAMPLE_SCRIPT = """#!/bin/bash
 # One task on each node: every node says hello.
@@ -33,20 +33,7 @@ EXAMPLES = (
 )
 
 # Form fields, in the order the submission's error keys map onto them.
-FIELD_NAMES = (
-    "name",
-    "script",
-    "partition",
-    "nodes",
-    "ntasks_per_node",
-    "gpus_per_node",
-    "cpus_per_task",
-    "time_limit",
-    "env",
-    "requeue",
-    "dependency",
-    "array",
-)
+FIELD_NAMES = FIELDS
 
 
 def parse_env(text: str) -> tuple[dict[str, str], list[str]]:

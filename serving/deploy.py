@@ -13,6 +13,7 @@ from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 from jobs import services as job_services
 from jobs.slurm.submit import SubmissionError
+from mtc.fielderrors import FieldErrors
 from registry.models import Model, ModelAlias, ModelVersion, VersionState
 
 from . import conf
@@ -41,12 +42,8 @@ JOB_FIELDS = {
 }
 
 
-class DeployError(Exception):
+class DeployError(FieldErrors):
     """``fields`` maps each bad field to a message (HTTP 400)."""
-
-    def __init__(self, fields: dict[str, str]):
-        self.fields = fields
-        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()))
 
 
 @dataclass

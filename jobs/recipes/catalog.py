@@ -9,17 +9,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from mtc.fielderrors import FieldErrors
 from registry.names import REF_HELP, is_model_ref, model_ref_parse
 
 PATH_RE = re.compile(r"^/[A-Za-z0-9._/+-]{0,1000}$")
 
 
-class RecipeError(Exception):
+class RecipeError(FieldErrors):
     """``fields`` maps each bad parameter (``overrides.<name>``) to a message."""
-
-    def __init__(self, fields: dict[str, str]):
-        self.fields = fields
-        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster
 from clusters.providers.base import get_provider
+from mtc.fielderrors import FieldErrors
 from registry.checkpoints import checkpoint_is_complete
 from registry.names import is_model_ref
 from registry.selectors import VersionRefError, register_as_problem, version_resolve
@@ -60,12 +61,8 @@ srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'exec "$MTC_PYTHON" \
 """
 
 
-class LaunchError(Exception):
+class LaunchError(FieldErrors):
     """Bad launch request: ``fields`` by JSON path (HTTP 400)."""
-
-    def __init__(self, fields: dict[str, str]):
-        self.fields = fields
-        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()))
 
 
 @dataclass

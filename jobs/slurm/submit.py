@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from mtc.fielderrors import FieldErrors
+
 NAME_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f]|#sbatch|\.\./", re.IGNORECASE)
 PARTITION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -24,7 +26,8 @@ ARRAY_RE = re.compile(
 )
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_ARRAY_TASKS = 10_000
-FIELDS = {
+# The submit body's fields, in the order the submit form shows them.
+FIELDS = (
     "name",
     "script",
     "partition",
@@ -37,15 +40,11 @@ FIELDS = {
     "requeue",
     "dependency",
     "array",
-}
+)
 
 
-class SubmissionError(Exception):
+class SubmissionError(FieldErrors):
     """``fields`` maps each bad field to a message (HTTP 400)."""
-
-    def __init__(self, fields: dict[str, str]):
-        self.fields = fields
-        super().__init__("; ".join(f"{k}: {v}" for k, v in fields.items()))
 
 
 @dataclass
