@@ -11,7 +11,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from django.conf import settings
@@ -25,7 +24,6 @@ from .plan import ApiRequest, Target
 
 log = logging.getLogger(__name__)
 DONE = compute_v1.Operation.Status.DONE
-RUNNING = "RUNNING"
 
 
 @dataclass(frozen=True)
@@ -237,7 +235,3 @@ class ComputeApi:
             raise error from exc
         items = result.query_value.items if result.query_value else []
         return {item.key: item.value for item in items}
-
-    @cached_property
-    def project(self) -> str:
-        return self.target.project

@@ -17,6 +17,8 @@ from .bootstrap import CGROUP_CONF, GRES_CONF, hook_script, slurm_conf, startup_
 REDACTED_KEY = "<munge key: generated at create, not shown>"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 DEFAULT_SUBNET_RANGE = "10.128.0.0/20"
+# What network_requests makes; made only when missing, and deleted only if mtc made it.
+NETWORK_RESOURCES = {"networks", "subnetworks", "globalAddresses"}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,43 +108,40 @@ class GceProvider(Provider):
             tmp.replace(path)
         return key
 
-    def _ensure_network(self, cluster: Cluster, api: ComputeApi) -> None:
-        """Networks mtc creates are recorded, so delete removes those and only those."""
-        created = dict(cluster.provider_state.get("created", {}))
-        for request in plan.network_requests(cluster.spec, api.target):
-            if api.exists(request.resource, request.name):
-                continue
-            created[request.resource] = request.name
-            self._remember(cluster, created=created)  # before the insert: a crash keeps it
-            api.send(request)
+    def _ensure_network_piece(self, cluster: Cluster, api: ComputeApi, request) -> None:
+        """Network pieces mtc creates are recorded, so delete removes those and only those."""
+        if api.exists(request.resource, request.name):
+            return
+        created = {**cluster.provider_state.get("created", {}), request.resource: request.name}
+        self._remember(cluster, created=created)  # before the insert: a crash keeps it
+        api.send(replace(request, when=""))  # looked already
 
     def apply(self, cluster: Cluster, nodes: list[Node]) -> None:
+        """Send the plan's requests in its order: what `mtc cluster plan` shows is what
+        is sent; each bulkInsert is cut down to the pool's nodes that do not exist yet."""
         api = self.api(cluster)
         if not cluster.provider_state.get("project"):
             self._remember(cluster, project=api.target.project)
         key = self._ensure_client_side(cluster)
         spec, target = cluster.spec, api.target
-        self._ensure_network(cluster, api)
-        for request in plan.firewall_requests(spec, target) + plan.placement_requests(spec, target):
-            api.send(request)
-        munge_key = plan.munge_key_value(key)
-        login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
-        for pool in spec["node_pools"]:
-            role = "controller" if pool["id"] == login else "worker"
-            api.send(plan.template_request(spec, pool, target, role=role, munge_key=munge_key))
+        pools = {p["id"]: p for p in spec["node_pools"]}
         existing = api.instances(cluster.cluster_id)
-        if names.controller_name(cluster.cluster_id) not in existing:
-            api.send(plan.controller_request(spec, target))
-        pools = {p["id"]: p for p in plan.compute_pools(spec)}
-        for pool_id, pool in pools.items():
-            missing = [
-                n.name for n in nodes if n.pool.pool_id == pool_id and n.name not in existing
-            ]
-            if missing:
-                api.send(
-                    plan.bulk_insert_request(spec, pool, target, missing),
-                    timeout=settings.MTC_GCE_OPERATION_TIMEOUT_S * 3,
-                )
+        for request in plan.cluster_plan(spec, target, munge_key=key):
+            if request.resource in plan.NETWORK_RESOURCES:
+                self._ensure_network_piece(cluster, api, request)
+            elif request.verb == "bulkInsert":
+                missing = [
+                    n.name
+                    for n in nodes
+                    if n.pool.pool_id == request.name and n.name not in existing
+                ]
+                if missing:
+                    api.send(
+                        plan.bulk_insert_request(spec, pools[request.name], target, missing),
+                        timeout=settings.MTC_GCE_OPERATION_TIMEOUT_S * 3,
+                    )
+            else:
+                api.send(request)
         self._record_instance_ids(cluster, api, nodes)
 
     def _record_instance_ids(self, cluster: Cluster, api: ComputeApi, nodes: list[Node]) -> None:
