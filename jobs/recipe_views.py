@@ -19,15 +19,12 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
-from clusters.providers.base import ProviderError
 
-from . import services
 from .models import Job, JobMetric
 from .recipe_forms import RecipeLaunchForm, body_digest, display_value, param_limits
 from .recipes.catalog import RECIPES, Recipe
 from .recipes.launch import LaunchError, LaunchPlan, new_run_dir, recipe_launch, recipe_plan
-from .slurm import SlurmError
-from .views import _cluster_or_404, _partitions
+from .views import SUBMIT_FAILURES, _cluster_or_404, _partitions, submit_failure_message
 
 # Clusters the recipes page offers to launch on.
 LAUNCHABLE_STATES = ("RUNNING", "DEGRADED")
@@ -173,13 +170,8 @@ def recipe_launch_page(request, cluster_id: str, recipe: str):
                 )
             except LaunchError as exc:
                 form.add_launch_errors(exc.fields)
-            except services.JobConflict as exc:
-                form.add_error(None, str(exc))
-            except SlurmError as exc:
-                prefix = "Slurm refused the job" if exc.permanent else "Slurm is not answering"
-                form.add_error(None, f"{prefix}: {exc}")
-            except ProviderError as exc:
-                form.add_error(None, str(exc))
+            except SUBMIT_FAILURES as exc:
+                form.add_error(None, submit_failure_message(exc))
             else:
                 messages.success(
                     request, f"Launched {recipe_obj.title}: job {job.job_id} ({job.name})."

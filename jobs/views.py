@@ -85,6 +85,18 @@ def allowed_actions(job: Job) -> list[str]:
     return actions
 
 
+# What a submit (a form's or a recipe launch's) can fail with once its input is valid.
+SUBMIT_FAILURES = (services.JobConflict, SlurmError, ProviderError)
+
+
+def submit_failure_message(exc: Exception) -> str:
+    """The form-level message for a submit that Slurm or the cluster refused."""
+    if isinstance(exc, SlurmError):
+        prefix = "Slurm refused the job" if exc.permanent else "Slurm is not answering"
+        return f"{prefix}: {exc}"
+    return str(exc)
+
+
 def _partitions(cluster: Cluster) -> list[dict]:
     """The cluster's partitions from its spec: id, default, nodes and GPUs per node."""
     spec = cluster.spec or {}
@@ -250,13 +262,8 @@ def job_submit(request, cluster_id: str):
                 job = services.job_submit(
                     cluster=cluster, owner=request.user, submission=submission
                 )
-            except services.JobConflict as exc:
-                form.add_error(None, str(exc))
-            except SlurmError as exc:
-                prefix = "Slurm refused the job" if exc.permanent else "Slurm is not answering"
-                form.add_error(None, f"{prefix}: {exc}")
-            except ProviderError as exc:
-                form.add_error(None, str(exc))
+            except SUBMIT_FAILURES as exc:
+                form.add_error(None, submit_failure_message(exc))
             else:
                 messages.success(request, f"Submitted job {job.job_id} ({job.name}).")
                 return redirect("jobs:detail", cluster.cluster_id, job.job_id)
