@@ -78,7 +78,6 @@ class LocalNodes:
         )
         config_path.write_text(json.dumps(config, indent=2))
         self.agent_token_write(cluster, node)
-        self.health_check_write(cluster)
 
     def agent_token_write(self, cluster: Cluster, node: Node) -> Path:
         """A new token for the node's agent (the database keeps only its hash), in a file
@@ -160,6 +159,12 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
         )
         return env
 
+    def _agent_args(self, cluster: Cluster, node: Node, *extra: str) -> list[str]:
+        """The node agent's command line: its script, node and config, then ``extra``."""
+        config = self.node_dir(cluster, node.name) / "agent.json"
+        script = str(AGENT_DIR / "mtc_agent.py")
+        return [sys.executable, script, "--node", node.name, "--config", str(config), *extra]
+
     def node_checks(
         self,
         cluster: Cluster,
@@ -175,17 +180,7 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
         node_dir = self.node_dir(cluster, node.name)
         if not (node_dir / "agent.json").exists():
             self.node_setup(cluster, node)
-        args = [
-            sys.executable,
-            str(AGENT_DIR / "mtc_agent.py"),
-            "--node",
-            node.name,
-            "--config",
-            str(node_dir / "agent.json"),
-            "--once",
-            "--trigger",
-            trigger,
-        ]
+        args = self._agent_args(cluster, node, "--once", "--trigger", trigger)
         if dcgm_level is not None:
             args += ["--dcgm-level", str(dcgm_level)]
         proc = subprocess.run(
@@ -209,14 +204,9 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
         if procs.daemon_pid(pidfile, str(node_dir / "agent.json")):
             return
         token_file = self._agent_token_file(cluster, node)
-        self.health_check_write(cluster)
-        args = [
-            sys.executable,
-            str(AGENT_DIR / "mtc_agent.py"),
-            "--node",
-            node.name,
-            "--config",
-            str(node_dir / "agent.json"),
+        args = self._agent_args(
+            cluster,
+            node,
             "--interval",
             str(interval),
             "--output",
@@ -225,7 +215,7 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
             self.report_url(cluster, node),
             "--token-file",
             str(token_file),
-        ]
+        )
         with open(self.root(cluster) / "log" / f"agent-{node.name}.log", "ab") as log:
             proc = subprocess.Popen(
                 args,
