@@ -160,12 +160,14 @@ def report_checks(*, gflops: float = 1.25, gpus: int = 2, temp: float = 0.0, fin
     ]
 
 
-def add_report(node: Node, *, minutes_ago: float = 0, extra=(), **kwargs) -> HealthReport:
+def add_report(
+    node: Node, *, minutes_ago: float = 0, extra=(), now=None, **kwargs
+) -> HealthReport:
     checks = report_checks(**kwargs) + list(extra)
     findings = [{**f, "check": c["name"]} for c in checks for f in c["findings"]]
     return HealthReport.objects.create(
         node=node,
-        time=timezone.now() - timedelta(minutes=minutes_ago),
+        time=(now or timezone.now()) - timedelta(minutes=minutes_ago),
         source="agent",
         ok=not findings,
         checks=checks,
@@ -516,10 +518,12 @@ def test_node_series_has_host_figures(staff_client):
     from health.metrics import node_series
 
     node = node_of(make_cluster())
-    # 10 s apart: 1 MB then 2 MB more received; then a reboot resets the counter.
+    # 10 s apart (from one clock reading, so exactly): 1 MB then 2 MB more received;
+    # then a reboot resets the counter.
+    now = timezone.now()
     for i, (rx, cpu) in enumerate(((1_000_000, 10.0), (11_000_000, 30.0), (31_000_000, 50.0))):
-        add_report(node, minutes_ago=1 - i / 6, extra=[host_check(rx=rx, cpu=cpu)])
-    add_report(node, minutes_ago=0, extra=[host_check(rx=500, cpu=5.0)])
+        add_report(node, minutes_ago=1 - i / 6, now=now, extra=[host_check(rx=rx, cpu=cpu)])
+    add_report(node, minutes_ago=0, now=now, extra=[host_check(rx=500, cpu=5.0)])
     reports = list(HealthReport.objects.filter(node=node).order_by("-time"))
     series = node_series(node, reports)
     host = series["host"]
