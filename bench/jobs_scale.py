@@ -45,11 +45,11 @@ from django.urls import NoReverseMatch, reverse  # noqa: E402
 from clusters import services as cluster_services  # noqa: E402
 from clusters.demo import DEMO_SPEC  # noqa: E402
 from clusters.models import Cluster  # noqa: E402
-from clusters.providers.base import get_provider  # noqa: E402
+from clusters.providers import get_provider  # noqa: E402
 from jobs.models import Job  # noqa: E402
 from jobs.services import cluster_job_dirs  # noqa: E402
-from jobs.slurm.submit import Submission, sbatch_args  # noqa: E402
 from jobs.sync import jobs_sync  # noqa: E402
+from slurm.submit import Submission, sbatch_args  # noqa: E402
 
 
 def timed(fn, repeat: int = 5) -> tuple[float, object]:

@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from jobs.recipes.runtime import train  # noqa: E402
-from jobs.recipes.runtime.distributed import Dist  # noqa: E402
-from jobs.recipes.runtime.model import model_build  # noqa: E402
-from jobs.recipes.runtime.presets import get_preset, param_count  # noqa: E402
+from node.train import train  # noqa: E402
+from node.train.distributed import Dist  # noqa: E402
+from node.train.model import model_build  # noqa: E402
+from node.train.presets import get_preset, param_count  # noqa: E402
 
 
 def config(run_dir: Path, **over) -> Path:

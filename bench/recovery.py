@@ -39,17 +39,17 @@ from django.core.management import call_command  # noqa: E402
 from clusters import services as cluster_services  # noqa: E402
 from clusters.demo import DEMO_SPEC  # noqa: E402
 from clusters.models import Cluster, Node  # noqa: E402
-from clusters.providers.base import get_provider  # noqa: E402
+from clusters.providers import get_provider  # noqa: E402
 from health.faults import fault_clear, fault_inject  # noqa: E402
 from health.models import NodeFailure, Repair  # noqa: E402
 from health.poll import cluster_health_poll  # noqa: E402
 from health.selectors import goodput  # noqa: E402
 from health.services import report_ingest  # noqa: E402
 from jobs.models import Job, JobEvent, JobMetric  # noqa: E402
-from jobs.recipes.launch import recipe_launch  # noqa: E402
-from jobs.recipes.metrics import recipe_jobs_ingest  # noqa: E402
 from jobs.services import job_control, jobs_release_requeued  # noqa: E402
 from jobs.sync import jobs_sync  # noqa: E402
+from recipes.launch import recipe_launch  # noqa: E402
+from recipes.metrics import recipe_jobs_ingest  # noqa: E402
 
 TICK_S = 2.0
 

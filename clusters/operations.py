@@ -12,6 +12,7 @@ import logging
 import random
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.slurm import SlurmError
+from slurm import SlurmError
 
 from .choices import (
     CLUSTER_LIVE_STATES,
@@ -31,7 +32,9 @@ from .choices import (
     OperationState,
 )
 from .models import Cluster, Node, NodePool, Operation
-from .providers.base import ProviderError, get_provider
+from .providers import ProviderError, get_provider
+from .services import operation_enqueue
+from .signals import cluster_deleting
 
 log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=10)
@@ -97,10 +100,9 @@ def _finish(operation: Operation, state: str, *, code: str = "", message: str = 
 
 def operation_fail(operation: Operation, *, code: str, message: str) -> None:
     finished = _finish(operation, OperationState.FAILED, code=code, message=message)
-    if finished and operation.kind == OperationKind.REPAIR_NODE:
-        from health.repair import repair_operation_failed
-
-        repair_operation_failed(operation, message)  # escalates; the cluster stays up
+    on_fail = FAIL_HANDLERS.get(operation.kind)
+    if finished and on_fail is not None:
+        on_fail(operation, message)  # e.g. a repair escalates; the cluster stays up
         return
     if finished and operation.cluster_id:
         Cluster.objects.filter(pk=operation.cluster_id).exclude(state=ClusterState.DELETING).update(
@@ -206,7 +208,7 @@ def _ensure_nodes(cluster: Cluster, provider) -> None:
 
 
 def _gpu_type(pool: NodePool) -> str:
-    from .slurm_config import gres_type
+    from slurm.config import gres_type
 
     return gres_type(pool.accelerator_type)
 
@@ -293,25 +295,32 @@ def _delete_cluster(operation: Operation) -> None:
         provider = None  # it could never have made anything: only the rows are left
     if provider is not None:
         provider.delete_cluster(cluster)
-    from jobs.tensorboard import tensorboard_stop  # the cluster's TensorBoard, if it runs
-
-    tensorboard_stop(cluster.cluster_id)
+    # Apps above clusters stop what they run for it (the recipes app: its TensorBoard).
+    cluster_deleting.send(sender=Cluster, cluster_id=cluster.cluster_id)
     operation_progress(operation, 90, "Removing records")
     cluster.delete()
 
 
-def _repair_node(operation: Operation) -> None:
-    from health.repair import repair_execute  # the health app owns repairs
-
-    repair_execute(operation)
-
-
-HANDLERS = {
+HANDLERS: dict[str, Callable[[Operation], None]] = {
     OperationKind.CREATE_CLUSTER: _reconcile_cluster,
     OperationKind.UPDATE_CLUSTER: _reconcile_cluster,
     OperationKind.DELETE_CLUSTER: _delete_cluster,
-    OperationKind.REPAIR_NODE: _repair_node,
 }
+# What a failed Operation of a kind does instead of putting its cluster in ERROR.
+FAIL_HANDLERS: dict[str, Callable[[Operation, str], None]] = {}
+
+
+def operation_kind_register(
+    kind: str,
+    handler: Callable[[Operation], None],
+    *,
+    on_fail: Callable[[Operation, str], None] | None = None,
+) -> None:
+    """Kinds owned by an app above clusters (node repair: health) are registered by that
+    app from its AppConfig.ready(), so this module knows no app above it."""
+    HANDLERS[kind] = handler
+    if on_fail is not None:
+        FAIL_HANDLERS[kind] = on_fail
 
 
 def operation_execute(*, operation_id: str) -> str:
@@ -399,19 +408,15 @@ def _update_degraded(cluster: Cluster) -> None:
 
 def operations_resume() -> list[str]:
     """Queue every unfinished Operation whose worker is gone (lease lapsed or never taken)."""
-    from .tasks import operation_run
-
     now = timezone.now()
     queued = []
     # A repair's Operation waits PENDING until the health app dispatches it.
     waiting_repairs = Q(kind=OperationKind.REPAIR_NODE, state=OperationState.PENDING)
     for op in Operation.objects.filter(state__in=OPERATION_ACTIVE_STATES).exclude(waiting_repairs):
         if op.lease_expires and op.lease_expires > now:
-            operation_run.apply_async(
-                (str(op.pk),), countdown=(op.lease_expires - now).total_seconds() + 0.5
-            )
+            operation_enqueue(op, countdown=(op.lease_expires - now).total_seconds() + 0.5)
         elif op.state == OperationState.RUNNING or op.create_time < now - timedelta(seconds=30):
-            operation_run.delay(str(op.pk))
+            operation_enqueue(op)
         else:
             continue
         queued.append(str(op.pk))
@@ -421,8 +426,6 @@ def operations_resume() -> list[str]:
 def clusters_restore() -> list[str]:
     """Clusters that should run but whose controller is gone (the host restarted):
     start an Operation that brings their daemons back."""
-    from .services import _enqueue
-
     restored = []
     for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES):
         if cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).exists():
@@ -444,6 +447,6 @@ def clusters_restore() -> list[str]:
                 status_message="Restarting daemons after a host restart",
             )
             Cluster.objects.filter(pk=cluster.pk).update(state=ClusterState.UPDATING)
-            _enqueue(operation)
+            operation_enqueue(operation)
         restored.append(cluster.cluster_id)
     return restored

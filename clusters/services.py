@@ -3,11 +3,15 @@ Operation whose work a Celery task does (clusters.operations)."""
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
+
+from mtc.queue import task_enqueue
 
 from .choices import (
     CLUSTER_MUTABLE_STATES,
@@ -16,7 +20,7 @@ from .choices import (
     OperationKind,
     OperationState,
 )
-from .models import Cluster, NodePool, Operation
+from .models import Cluster, Node, NodePool, Operation
 from .spec import SpecError, validate_cluster_patch, validate_cluster_spec
 
 
@@ -59,10 +63,9 @@ def _sync_pools(cluster: Cluster) -> None:
         )
 
 
-def _enqueue(operation: Operation) -> None:
-    from .tasks import operation_run
-
-    transaction.on_commit(lambda: operation_run.delay(str(operation.pk)))
+def operation_enqueue(operation: Operation, *, countdown: float | None = None) -> None:
+    """Run the Operation on a worker once the current transaction commits."""
+    task_enqueue("clusters.tasks.operation_run", str(operation.pk), countdown=countdown)
 
 
 def cluster_create(*, spec: Any, owner=None) -> Operation:
@@ -93,7 +96,7 @@ def cluster_create(*, spec: Any, owner=None) -> Operation:
                 owner=owner,
                 status_message="Queued",
             )
-            _enqueue(operation)
+            operation_enqueue(operation)
     except IntegrityError as exc:  # two creates raced for one id
         raise ClusterConflict(
             f"A cluster with id '{clean['cluster_id']}' already exists.",
@@ -137,7 +140,7 @@ def cluster_update(*, cluster: Cluster, patch: Any, owner=None) -> Operation:
             params={"patch": patch},
             status_message="Queued",
         )
-        _enqueue(operation)
+        operation_enqueue(operation)
     return operation
 
 
@@ -167,7 +170,7 @@ def cluster_retry(*, cluster: Cluster, owner=None) -> Operation:
             params={"reason": "retry"},
             status_message="Queued (retry)",
         )
-        _enqueue(operation)
+        operation_enqueue(operation)
     return operation
 
 
@@ -195,7 +198,7 @@ def cluster_delete(*, cluster: Cluster, owner=None) -> Operation:
             owner=owner,
             status_message="Queued",
         )
-        _enqueue(operation)
+        operation_enqueue(operation)
     return operation
 
 
@@ -207,3 +210,22 @@ __all__ = [
     "cluster_retry",
     "cluster_update",
 ]
+
+
+# --- agent tokens ----------------------------------------------------------
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def node_token_issue(node: Node) -> str:
+    """A new per-node token for the node's agent; only its hash is stored."""
+    token = secrets.token_urlsafe(32)
+    Node.objects.filter(pk=node.pk).update(agent_token_hash=_digest(token))
+    node.agent_token_hash = _digest(token)
+    return token
+
+
+def node_token_valid(node: Node, token: str) -> bool:
+    return bool(node.agent_token_hash) and secrets.compare_digest(
+        node.agent_token_hash, _digest(token)
+    )

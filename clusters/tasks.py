@@ -34,21 +34,6 @@ def clusters_reconcile_all() -> dict:
     }
 
 
-@shared_task(ignore_result=True)
-def cloud_metrics_export_all() -> int:
-    """mtc's figures for every live gce cluster, to Cloud Monitoring."""
-    from .providers.base import ProviderError
-    from .providers.gce.export import cloud_metrics_export
-
-    written = 0
-    for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES, provider="gce"):
-        try:
-            written += cloud_metrics_export(cluster=cluster)
-        except ProviderError as exc:  # one project's trouble does not stop the others
-            log.warning("metrics export for %s: %s", cluster.cluster_id, exc)
-    return written
-
-
 @worker_ready.connect
 def _resume_on_start(sender=None, **kwargs):
     # A worker that starts (again) picks up what a dead one left behind.

@@ -20,19 +20,18 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from jobs import selectors as job_selectors
+from mtc.templatetags.mtc_ui import NODE_GROUP_LABELS, NODE_GROUPS, node_group
 
 from . import forms, selectors, services
 from .choices import OPERATION_ACTIVE_STATES, ClusterState, OperationKind, OperationState
+from .extensions import cluster_detail_context
 from .models import Cluster
-from .providers.base import ProviderError, get_provider
+from .providers import ProviderError, get_provider
 from .reference_architectures import architecture_get, architecture_list
 from .spec import SpecError, validate_cluster_spec
-from .templatetags.mtc_ui import NODE_GROUP_LABELS, NODE_GROUPS, node_group
 
 CLUSTERS_PER_PAGE = 50
 DASHBOARD_CLUSTERS = 24
-RECENT_JOBS = 10
 # Cluster states in which something is changing: pages refresh themselves.
 BUSY_CLUSTER_STATES = {ClusterState.CREATING, ClusterState.UPDATING, ClusterState.DELETING}
 
@@ -184,8 +183,8 @@ def cluster_detail(request, cluster_id: str):
             "login_error": login_error,
             "labels": sorted(cluster.labels.items()),
             "spec_json": json.dumps(cluster.spec, indent=2),
-            # The Jobs card: the latest jobs the user may see, in one query.
-            "recent_jobs": list(job_selectors.jobs_for_list(request.user, cluster)[:RECENT_JOBS]),
+            # Cards of the apps above (the Jobs card), a fixed number of queries each.
+            **cluster_detail_context(request, cluster),
         }
     )
     return render(request, "clusters/cluster_detail.html", context)

@@ -4,3 +4,15 @@ from django.apps import AppConfig
 class HealthConfig(AppConfig):
     name = "health"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Node repair is an Operation kind this app owns: clusters runs it, health decides.
+        from clusters.choices import OperationKind
+        from clusters.operations import operation_kind_register
+
+        from . import tasks  # noqa: F401 (registers the Celery tasks)
+        from .repair import repair_execute, repair_operation_failed
+
+        operation_kind_register(
+            OperationKind.REPAIR_NODE, repair_execute, on_fail=repair_operation_failed
+        )

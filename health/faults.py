@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.utils import timezone
 
 from clusters.models import Node
-from clusters.providers.base import get_provider
+from clusters.providers import get_provider
 
 
 class FaultError(Exception):

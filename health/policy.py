@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clusters.providers.local_nodes import HEALTHCHECK_DCGM_LEVEL
+
 from .choices import RepairAction, Severity
 
 REBOOT, REIMAGE, REPLACE, DRAIN = (
@@ -126,7 +128,7 @@ SLOW_ROUNDS = 2  # consecutive slow reports before a node is SLOW
 # about to return to service (3 for a new machine: its burn-in).
 DCGM_LEVEL_BY_TRIGGER = {
     "periodic": 1,
-    "healthcheck": 1,
+    "healthcheck": HEALTHCHECK_DCGM_LEVEL,
     "prolog": 1,
     "on-demand": 1,
     "suspicion": 2,

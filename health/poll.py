@@ -10,7 +10,7 @@ from pathlib import Path
 
 from clusters.choices import NodeLifecycle
 from clusters.models import Cluster
-from clusters.providers.base import get_provider
+from clusters.providers import get_provider
 
 from .choices import RepairState
 from .models import Repair

@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from clusters.models import Node, Operation
 from clusters.operations import operation_progress
-from clusters.providers.base import Provider, get_provider
+from clusters.providers import Provider, get_provider
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job, JobEvent
-from jobs.slurm import SlurmError
+from slurm import SlurmError
 
 from .choices import FailureState, RepairAction, RepairState
 from .models import NodeFailure, Repair

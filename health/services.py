@@ -3,10 +3,8 @@ dispatched within the policy's limits."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
-import secrets
 import statistics
 from datetime import UTC, datetime
 
@@ -41,25 +39,6 @@ ACTION_STRENGTH = {
 
 class RepairConflict(Exception):
     """The repair cannot be requested or approved in this state (HTTP 409)."""
-
-
-# --- agent tokens ----------------------------------------------------------
-def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def node_token_issue(node: Node) -> str:
-    """A new per-node token for the node's agent; only its hash is stored."""
-    token = secrets.token_urlsafe(32)
-    Node.objects.filter(pk=node.pk).update(agent_token_hash=_digest(token))
-    node.agent_token_hash = _digest(token)
-    return token
-
-
-def node_token_valid(node: Node, token: str) -> bool:
-    return bool(node.agent_token_hash) and secrets.compare_digest(
-        node.agent_token_hash, _digest(token)
-    )
 
 
 # --- reports -> failures ---------------------------------------------------
@@ -331,7 +310,7 @@ def _pool_budget(node: Node, cluster: Cluster) -> int:
 
 def repairs_dispatch(*, cluster: Cluster) -> list[Repair]:
     """Start WAITING repairs while each pool stays within its share in repair."""
-    from clusters.services import _enqueue
+    from clusters.services import operation_enqueue
 
     started = []
     for repair in (
@@ -356,7 +335,7 @@ def repairs_dispatch(*, cluster: Cluster) -> list[Repair]:
             Operation.objects.filter(pk=repair.operation_id).update(
                 status_message=f"{repair.action} starting"
             )
-            _enqueue(repair.operation)
+            operation_enqueue(repair.operation)
         node_health_refresh(repair.node)
         started.append(repair)
     return started

@@ -1,11 +1,15 @@
 """Thin Celery tasks for health."""
 
+import logging
+
 from celery import shared_task
 
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 
 from .poll import cluster_health_poll
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=True)
@@ -21,3 +25,19 @@ def health_reports_prune() -> int:
     from .services import reports_prune
 
     return reports_prune()
+
+
+@shared_task(ignore_result=True)
+def cloud_metrics_export_all() -> int:
+    """mtc's figures for every live gce cluster, to Cloud Monitoring."""
+    from clusters.providers.base import ProviderError
+
+    from .cloud_metrics import cloud_metrics_export
+
+    written = 0
+    for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES, provider="gce"):
+        try:
+            written += cloud_metrics_export(cluster=cluster)
+        except ProviderError as exc:  # one project's trouble does not stop the others
+            log.warning("metrics export for %s: %s", cluster.cluster_id, exc)
+    return written

@@ -18,8 +18,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from clusters.models import Node
-from clusters.templatetags.mtc_ui import human_duration
-from jobs.slurm.queue import JOB_ID_RE
+from mtc.templatetags.mtc_ui import human_duration
+from slurm.queue import JOB_ID_RE
 
 from . import selectors, services
 from .choices import REPAIR_ACTIVE_STATES, RepairAction, RepairState

@@ -1,6 +1,24 @@
 from django.apps import AppConfig
 
+# The cluster page's Jobs card: the latest jobs the user may see.
+RECENT_JOBS = 10
+
 
 class JobsConfig(AppConfig):
     name = "jobs"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from clusters import extensions
+
+        from . import tasks  # noqa: F401 (registers the Celery tasks)
+
+        if _recent_jobs not in extensions.cluster_detail_parts:
+            extensions.cluster_detail_parts.append(_recent_jobs)
+
+
+def _recent_jobs(request, cluster) -> dict:
+    from . import selectors
+
+    # One query.
+    return {"recent_jobs": list(selectors.jobs_for_list(request.user, cluster)[:RECENT_JOBS])}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django import forms
 
-from .slurm.submit import FIELDS, SubmissionError
+from slurm.submit import FIELDS, SubmissionError
 
 EXAMPLE_SCRIPT = """#!/bin/bash
 # One task on each node: every node says hello.

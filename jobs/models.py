@@ -1,9 +1,11 @@
+from pathlib import Path
+
 from django.conf import settings
 from django.db import models
 
 from clusters.models import Cluster
 
-from .choices import JobState
+from .choices import ACTIVE_STATES, JobState
 
 
 class Job(models.Model):
@@ -63,6 +65,18 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster_id}/{self.job_id}"
+
+    @property
+    def metrics_path(self) -> Path | None:
+        """A recipe job's metrics file: beside its checkpoints, in the run directory."""
+        if not self.checkpoint_dir:
+            return None
+        return Path(self.checkpoint_dir).parent / "metrics.jsonl"
+
+    @property
+    def is_active(self) -> bool:
+        """Queued or running: not yet in a final state."""
+        return self.state in ACTIVE_STATES
 
     @property
     def gpus(self) -> int:

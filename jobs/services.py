@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
-from clusters.providers.base import get_provider
-from jobs.slurm import SlurmError
-from jobs.slurm.submit import Submission, sbatch_args, validate_submission
+from clusters.providers import get_provider
+from slurm import SlurmError
+from slurm.submit import Submission, sbatch_args, validate_submission
 
 from .choices import CAN_CANCEL, CAN_HOLD, CAN_REQUEUE, HELD_REASONS, JobState
 from .models import Job, JobEvent

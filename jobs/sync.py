@@ -9,10 +9,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusters.models import Cluster
-from clusters.providers.base import get_provider
-from jobs.slurm import SlurmError
-from jobs.slurm.queue import QueueJob
+from clusters.providers import get_provider
 from mtc.db import bulk_insert, bulk_update
+from slurm import SlurmError
+from slurm.queue import QueueJob
 
 from .choices import ACTIVE_STATES, JobState
 from .models import Job, JobEvent

@@ -18,15 +18,16 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from clusters.models import Cluster
 from clusters.providers.base import ProviderError
+from slurm import SlurmError
+from slurm.queue import JOB_ID_RE
+from slurm.submit import SubmissionError
 
 from . import selectors, services
 from .choices import ACTIVE_STATES, HELD_REASONS, TERMINAL_STATES, JobState
+from .extensions import job_card_context, job_series_context
 from .filtersets import JobFilterSet
 from .forms import EXAMPLES, FIELD_NAMES, JobSubmitForm
 from .models import Job
-from .slurm import SlurmError
-from .slurm.queue import JOB_ID_RE
-from .slurm.submit import SubmissionError
 
 JOBS_PER_PAGE = 50
 REFRESH_MS = 3000
@@ -316,11 +317,9 @@ def expand_hostlist(text: str, limit: int = 256) -> list[str]:
 
 
 def _job_context(request, cluster: Cluster, job: Job) -> dict:
-    from .recipe_views import recipe_job_context  # here: recipe_views imports this module
-
     events = list(job.events.all())
     return {
-        **recipe_job_context(job),  # the Training card of a recipe job (no query)
+        **job_card_context(job),  # e.g. the Training card of a recipe job (no query)
         "cluster": cluster,
         "job": job,
         "events": events,
@@ -336,8 +335,6 @@ def _job_context(request, cluster: Cluster, job: Job) -> dict:
 
 @require_GET
 def job_detail(request, cluster_id: str, job_id: str):
-    from .recipe_views import recipe_job_series
-
     cluster = _cluster_or_404(cluster_id)
     job = _job_or_404(request, cluster, job_id, events=True)
     context = _job_context(request, cluster, job)
@@ -347,7 +344,7 @@ def job_detail(request, cluster_id: str, job_id: str):
     shown += [(k, v) for k, v in sorted(options.items()) if k not in FIELD_NAMES]
     context.update(
         {
-            **recipe_job_series(job),  # a recipe job's chart data (one query)
+            **job_series_context(job),  # e.g. a recipe job's chart data (one query)
             "options": shown,
             "env": sorted(env.items()) if isinstance(env, dict) else [],
             "output_url": reverse(

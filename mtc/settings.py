@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "mtc",
     "clusters",
     "jobs",
+    "recipes",
     "health",
     "registry",
     "serving",
@@ -162,13 +163,14 @@ CELERY_TASK_EAGER_PROPAGATES = False
 CELERY_BEAT_SCHEDULE = {
     "nodes-poll": {"task": "clusters.tasks.nodes_poll_all", "schedule": 5.0},
     "jobs-poll": {"task": "jobs.tasks.jobs_poll_all", "schedule": 3.0},
+    "recipe-metrics": {"task": "recipes.tasks.recipe_metrics_ingest_all", "schedule": 3.0},
     "health-poll": {"task": "health.tasks.health_poll_all", "schedule": 2.0},
     "health-reports-prune": {"task": "health.tasks.health_reports_prune", "schedule": 600.0},
     "clusters-reconcile": {"task": "clusters.tasks.clusters_reconcile_all", "schedule": 10.0},
     "registry-poll": {"task": "registry.tasks.registrations_poll", "schedule": 5.0},
     "serving-reconcile": {"task": "serving.tasks.endpoints_reconcile_all", "schedule": 3.0},
-    "tensorboard-idle": {"task": "jobs.tasks.tensorboards_stop_idle", "schedule": 60.0},
-    "cloud-metrics-export": {"task": "clusters.tasks.cloud_metrics_export_all", "schedule": 60.0},
+    "tensorboard-idle": {"task": "recipes.tasks.tensorboards_stop_idle", "schedule": 60.0},
+    "cloud-metrics-export": {"task": "health.tasks.cloud_metrics_export_all", "schedule": 60.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 

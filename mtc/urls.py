@@ -9,6 +9,7 @@ from . import probes
 api_v1 = [
     path("", include("clusters.api.urls")),
     path("", include("jobs.api.urls")),
+    path("", include("recipes.api.urls")),
     path("", include("health.api.urls")),
     path("", include("registry.api.urls")),
     path("", include("serving.api.urls")),
@@ -25,6 +26,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("vendor/plotly.min.js", probes.plotly_js, name="plotly-js"),
+    path("", include("recipes.urls")),
     path("", include("jobs.urls")),
     path("", include("health.urls")),
     path("", include("registry.urls")),

@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-# The runtime's layout (jobs/recipes/runtime/checkpoint.py): step-NNNNNN/COMPLETE.
+# The runtime's layout (node/train/checkpoint.py): step-NNNNNN/COMPLETE.
 STEP_RE = re.compile(r"^step-(\d{6,})$")
 MARKER = "COMPLETE"
 

@@ -36,7 +36,7 @@ def _tokenizer(path: Path, max_length: int):
     from tokenizers import Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
-    from jobs.recipes.runtime.tokenizer import BOS, EOS, PAD
+    from node.train.tokenizer import BOS, EOS, PAD
 
     backend = Tokenizer.from_file(str(path))
     bos_id = backend.token_to_id(BOS)
@@ -58,10 +58,10 @@ def _model(checkpoint: Path, tok):
     import torch
     from transformers import GenerationConfig
 
-    from jobs.recipes.runtime.checkpoint import checkpoint_json, checkpoint_load
-    from jobs.recipes.runtime.distributed import Dist
-    from jobs.recipes.runtime.model import hf_config
-    from jobs.recipes.runtime.presets import Preset
+    from node.train.checkpoint import checkpoint_json, checkpoint_load
+    from node.train.distributed import Dist
+    from node.train.model import hf_config
+    from node.train.presets import Preset
 
     saved = checkpoint_json(checkpoint, "model.json")
     if not saved:
@@ -88,8 +88,8 @@ def _model(checkpoint: Path, tok):
 def checkpoint_export(*, checkpoint: Path, out_dir: Path, info: dict) -> dict:
     """Write ``out_dir`` from the DCP ``checkpoint`` (atomically: a partial directory
     renamed at the end). Returns what it wrote (``info`` is saved beside, as provenance)."""
-    from jobs.recipes.runtime.checkpoint import checkpoint_problem
-    from jobs.recipes.runtime.tokenizer import TOKENIZER_FILE
+    from node.train.checkpoint import checkpoint_problem
+    from node.train.tokenizer import TOKENIZER_FILE
 
     problem = checkpoint_problem(checkpoint)
     if problem:

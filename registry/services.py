@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from jobs.choices import JobState
 from jobs.models import Job
-from jobs.recipes.metrics import metrics_path
+from mtc.queue import task_enqueue
 
 from .checkpoints import final_checkpoint
 from .models import Model, ModelAlias, ModelVersion, VersionState
@@ -179,9 +179,8 @@ def _version_create(
 
 
 def _enqueue_export(version: ModelVersion) -> None:
-    from .tasks import version_export_run
 
-    transaction.on_commit(lambda: version_export_run.delay(version.pk))
+    task_enqueue("registry.tasks.version_export_run", version.pk)
 
 
 def export_dir(version: ModelVersion) -> Path:
@@ -289,7 +288,7 @@ def alias_set(*, model: Model, alias: str, number: int | None, actor) -> ModelAl
 # --- the poll --------------------------------------------------------------------------
 def _metrics_settled(job: Job, now) -> bool:
     """Whether the poller has stored the run's last metrics (the version's figures)."""
-    path = metrics_path(job)
+    path = job.metrics_path
     try:
         unread = path is not None and path.stat().st_size > job.metrics_offset
     except OSError:

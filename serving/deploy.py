@@ -12,9 +12,9 @@ from typing import Any
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 from jobs import services as job_services
-from jobs.slurm.submit import SubmissionError
 from mtc.fielderrors import FieldErrors
 from registry.models import Model, ModelAlias, ModelVersion, VersionState
+from slurm.submit import SubmissionError
 
 from . import conf
 

@@ -8,10 +8,11 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from node.replica.generation import RequestError, messages_parse, prompt_parse, sampling_parse
+
 from . import conf, traffic
 from .choices import EndpointState, ReplicaState
 from .models import Endpoint, Replica
-from .replica.generation import RequestError, messages_parse, prompt_parse, sampling_parse
 from .services import replica_mark_unhealthy
 from .transport import ReplicaTimeout, ReplicaUnreachable, replica_call
 

@@ -15,8 +15,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs import services as job_services
-from jobs.slurm import SlurmError
-from jobs.slurm.submit import SubmissionError
+from mtc.queue import task_enqueue
+from slurm import SlurmError
+from slurm.submit import SubmissionError
 
 from . import conf
 from .choices import LIVE_REPLICA_STATES, EndpointState, EventKind, ReplicaState
@@ -34,7 +35,7 @@ export OMP_NUM_THREADS={threads} MKL_NUM_THREADS={threads} TOKENIZERS_PARALLELIS
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
 export TRANSFORMERS_VERBOSITY=error PYTHONPATH={repo}
 echo "mtc: endpoint {endpoint_id} replica {number}, job $SLURM_JOB_ID on $(hostname)"
-exec {python} -m serving.replica.server --model-dir {model_dir} --name {model_name} \
+exec {python} -m node.replica.server --model-dir {model_dir} --name {model_name} \
   --token-file {run_dir}/token --state-file {run_dir}/replica.json \
   --host {bind} --advertise {advertise} --threads {threads}
 """
@@ -48,8 +49,6 @@ def event_add(endpoint: Endpoint, kind: str, message: str) -> None:
 
 def endpoint_create(*, plan: DeployPlan, owner) -> Endpoint:
     """Record the endpoint; its reconcile (queued once this commits) starts the replicas."""
-    from .tasks import endpoint_reconcile
-
     with transaction.atomic():
         endpoint = Endpoint.objects.create(
             name=plan.name,
@@ -76,14 +75,12 @@ def endpoint_create(*, plan: DeployPlan, owner) -> Endpoint:
             f"{owner.username} deployed {plan.version}{by} on {plan.cluster.cluster_id}, "
             f"{plan.min_replicas}-{plan.max_replicas} replicas",
         )
-        transaction.on_commit(lambda: endpoint_reconcile.delay(endpoint.pk))
+        task_enqueue("serving.tasks.endpoint_reconcile", endpoint.pk)
     return endpoint
 
 
 def endpoint_delete(*, endpoint: Endpoint, actor) -> Endpoint:
     """Mark it DELETING; the reconcile stops its replicas, then deletes the row."""
-    from .tasks import endpoint_reconcile
-
     with transaction.atomic():
         changed = (
             Endpoint.objects.filter(pk=endpoint.pk)
@@ -92,7 +89,7 @@ def endpoint_delete(*, endpoint: Endpoint, actor) -> Endpoint:
         )
         if changed:
             event_add(endpoint, EventKind.DELETING, f"delete requested by {actor.username}")
-        transaction.on_commit(lambda: endpoint_reconcile.delay(endpoint.pk))
+        task_enqueue("serving.tasks.endpoint_reconcile", endpoint.pk)
     endpoint.state = EndpointState.DELETING  # the row itself may be gone by now
     return endpoint
 

@@ -13,8 +13,7 @@ from rest_framework.test import APIClient
 
 from clusters.demo import DEMO_SPEC
 from clusters.models import Cluster
-from clusters.providers import procs
-from clusters.providers.base import get_provider
+from clusters.providers import get_provider, procs
 
 
 @pytest.fixture

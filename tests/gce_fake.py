@@ -306,7 +306,7 @@ class FakeSlurm:
         self.updates: list[tuple[tuple[str, ...], str]] = []
 
     def nodes(self):
-        from jobs.slurm.client import SlurmNode
+        from slurm.client import SlurmNode
 
         out = []
         for (kind, name), inst in sorted(self.fake.resources.items()):

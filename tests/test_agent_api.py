@@ -20,12 +20,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from clusters.models import Cluster, Node, NodePool
-from clusters.providers.base import get_provider
+from clusters.providers import get_provider
+from clusters.services import node_token_issue
 from clusters.spec import validate_cluster_spec
-from health import services
-from health.agent import mtc_agent
 from health.models import HealthReport, NodeFailure
 from health.poll import _agent_files
+from node.agent import mtc_agent
 
 from .conftest import make_spec
 
@@ -128,7 +128,7 @@ def test_agent_posts_to_the_api_with_its_node_token(local_node):
 @pytest.mark.django_db
 def test_a_late_or_repeated_report_is_not_stored_twice():
     node = make_node("dup")
-    token = services.node_token_issue(node)
+    token = node_token_issue(node)
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     url = "/api/v1/clusters/dup/nodes/dup-gpu-0/health/report"
@@ -146,7 +146,7 @@ def test_a_late_or_repeated_report_is_not_stored_twice():
 @pytest.mark.django_db
 def test_suspicion_asks_the_agent_for_one_deeper_dcgm_round():
     node = make_node("sus")
-    token = services.node_token_issue(node)
+    token = node_token_issue(node)
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     url = "/api/v1/clusters/sus/nodes/sus-gpu-0/health/report"
@@ -171,7 +171,7 @@ def test_suspicion_asks_the_agent_for_one_deeper_dcgm_round():
 
 def test_the_daemon_runs_one_deeper_round_when_asked(tmp_path):
     """--interval mode: the server's answer sets the next round's DCGM level, once."""
-    from health.agent.shim import install
+    from node.shim import install
 
     from .test_agent_report import Recorder
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from health.agent.shim import inject, install
+from node.shim import inject, install
 
 AGENT_DIR = Path(__file__).resolve().parents[1] / "health" / "agent"
 AGENT = AGENT_DIR / "mtc_agent.py"

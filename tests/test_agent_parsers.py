@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from health.agent import mtc_agent as agent
+from node.agent import mtc_agent as agent
 
 FIXTURES = Path(__file__).parent / "fixtures" / "agent"
 AGENT_DIR = Path(agent.__file__).parent

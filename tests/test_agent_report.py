@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from health.agent import mtc_agent as agent
-from health.agent.shim import inject, install
+from node.agent import mtc_agent as agent
+from node.shim import inject, install
 
 AGENT = Path(agent.__file__).resolve()
 

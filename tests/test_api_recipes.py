@@ -9,7 +9,7 @@ import pytest
 from clusters.models import Cluster
 from clusters.spec import validate_cluster_spec
 from jobs.models import Job
-from jobs.recipes.catalog import RECIPES
+from recipes.catalog import RECIPES
 
 from .conftest import make_spec
 
@@ -50,7 +50,7 @@ def test_dry_run_shows_the_script_and_submits_nothing(cluster, user_api):
     assert body["parameters"]["steps"] == 30 and body["parameters"]["model"] == "tiny"
     script = body["script"]
     assert script.startswith("#!/bin/bash\n# mtc recipe llama-pretrain")
-    assert "torch.distributed.run" in script and "jobs.recipes.runtime.train" in script
+    assert "torch.distributed.run" in script and "node.train.train" in script
     assert "srun --ntasks-per-node=1" in script
     assert body["run_config"]["precision"] == "fp32"  # emulated GPUs: CPU training
     assert not Job.objects.exists()
@@ -104,7 +104,7 @@ def test_every_recipe_validates_its_defaults():
 
 
 def test_launch_writes_run_config_and_records_the_recipe(cluster, user_api, monkeypatch):
-    from jobs.slurm import client
+    from slurm import client
 
     seen = {}
 
@@ -139,7 +139,7 @@ def test_null_overrides_only_where_the_default_is_none(cluster, user_api):
 
 
 def test_a_refused_submission_leaves_no_run_directory(cluster, user_api, monkeypatch, settings):
-    from jobs.slurm import SlurmError, client
+    from slurm import SlurmError, client
 
     def refuse(self, args, script, env):
         raise SlurmError("Invalid partition name specified", permanent=True)

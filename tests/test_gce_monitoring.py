@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from clusters.models import Cluster
-from clusters.providers.gce.export import cloud_metrics_export
 from clusters.providers.gce.monitoring import GPU_METRICS, CloudMonitoring
+from health.cloud_metrics import cloud_metrics_export
 from jobs.models import Job
 
 from .gce_fake import FakeMonitoring

@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from clusters.models import Cluster, Node
-from clusters.providers.base import get_provider
+from clusters.providers import get_provider
 from clusters.providers.gce import GceProvider
 from clusters.reference_architectures import architecture_get
 

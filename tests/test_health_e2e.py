@@ -7,7 +7,7 @@ import pytest
 
 from clusters import services as cluster_services
 from clusters.models import Cluster, Node
-from clusters.providers.base import get_provider
+from clusters.providers import get_provider
 from health.models import NodeFailure, Repair
 from health.poll import cluster_health_poll
 from health.services import report_ingest
@@ -184,7 +184,7 @@ def test_operator_repair_and_errors(cluster, operator_api, user_api):
 
 
 def test_agent_reports_with_its_node_token(cluster, client):
-    from health.services import node_token_issue
+    from clusters.services import node_token_issue
 
     node = Node.objects.get(name="hx-gpu-0")
     token = node_token_issue(node)
@@ -205,8 +205,8 @@ def test_agent_reports_with_its_node_token(cluster, client):
 
 def test_killed_node_is_repaired_and_its_job_resumes(cluster, user_api, operator_api):
     from jobs.models import Job
-    from jobs.recipes.metrics import recipe_jobs_ingest
     from jobs.sync import jobs_sync
+    from recipes.metrics import recipe_jobs_ingest
 
     response = user_api.post(
         "/api/v1/clusters/hx/recipes/llama-pretrain/launch",

@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodePool, Operation
 from clusters.spec import validate_cluster_spec
-from clusters.templatetags.mtc_ui import health_tone, human_duration
 from health import services
 from health.models import HealthReport, NodeFailure, Repair
+from mtc.templatetags.mtc_ui import health_tone, human_duration
 
 from .conftest import CHROMIUM, CHROMIUM_ARGS, make_spec
 
@@ -160,9 +160,7 @@ def report_checks(*, gflops: float = 1.25, gpus: int = 2, temp: float = 0.0, fin
     ]
 
 
-def add_report(
-    node: Node, *, minutes_ago: float = 0, extra=(), now=None, **kwargs
-) -> HealthReport:
+def add_report(node: Node, *, minutes_ago: float = 0, extra=(), now=None, **kwargs) -> HealthReport:
     checks = report_checks(**kwargs) + list(extra)
     findings = [{**f, "check": c["name"]} for c in checks for f in c["findings"]]
     return HealthReport.objects.create(

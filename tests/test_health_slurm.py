@@ -8,9 +8,9 @@ import pytest
 
 from clusters import services as cluster_services
 from clusters.models import Cluster, Node
-from clusters.providers.base import get_provider
-from clusters.slurm_config import HEALTH_CHECK_NODE_STATE
+from clusters.providers import get_provider
 from health.models import HealthReport
+from slurm.config import HEALTH_CHECK_NODE_STATE
 
 from .conftest import cluster_root, make_spec
 

@@ -20,13 +20,13 @@ from django.utils import timezone
 
 from clusters import services as cluster_services
 from clusters.models import Cluster
-from clusters.templatetags.mtc_ui import job_elapsed, job_tone, slurm_duration
 from jobs import services
 from jobs.choices import JobState
 from jobs.forms import JobSubmitForm, parse_env
 from jobs.models import Job, JobEvent
 from jobs.sync import jobs_sync
 from jobs.views import allowed_actions, expand_hostlist
+from mtc.templatetags.mtc_ui import job_elapsed, job_tone, slurm_duration
 
 from .conftest import make_spec
 from .test_pages import make_cluster

@@ -7,8 +7,8 @@ import pytest
 
 from clusters.models import Cluster
 from jobs.models import Job, JobEvent
-from jobs.slurm.queue import QueueJob
 from jobs.sync import jobs_sync
+from slurm.queue import QueueJob
 
 from .conftest import make_spec
 

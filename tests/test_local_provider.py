@@ -4,7 +4,7 @@ import pytest
 
 from clusters import operations, services
 from clusters.models import Cluster, Node
-from clusters.providers.base import get_provider
+from clusters.providers import get_provider
 
 from .conftest import cluster_root, make_spec, sinfo_json
 
@@ -92,9 +92,12 @@ def test_scale_down_waits_for_running_jobs(cluster):
         capture_output=True,
     )
     deadline = time.monotonic() + 30
-    while "RUNNING" not in subprocess.run(
-        ["squeue", "--noheader", "--format=%T"], env=env, capture_output=True, text=True
-    ).stdout:
+    while (
+        "RUNNING"
+        not in subprocess.run(
+            ["squeue", "--noheader", "--format=%T"], env=env, capture_output=True, text=True
+        ).stdout
+    ):
         assert time.monotonic() < deadline, "the job never started"
         time.sleep(0.1)
     start = time.monotonic()

@@ -6,7 +6,7 @@ import pytest
 
 from clusters.models import Cluster
 from jobs.models import Job, JobMetric
-from jobs.recipes.metrics import job_metrics_ingest
+from recipes.metrics import job_metrics_ingest
 
 from .conftest import make_spec
 

@@ -22,9 +22,9 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.spec import validate_cluster_spec
 from jobs.models import Job, JobEvent, JobMetric
-from jobs.recipe_forms import JOB_FIELDS, RecipeLaunchForm, body_digest
-from jobs.recipe_views import recipe_job_series, training_figures
-from jobs.recipes.catalog import RECIPES
+from recipes.catalog import RECIPES
+from recipes.forms import JOB_FIELDS, RecipeLaunchForm, body_digest
+from recipes.views import recipe_job_series, training_figures
 
 from .conftest import make_spec
 
@@ -64,7 +64,7 @@ def data_dir(settings, tmp_path):
 @pytest.fixture
 def fake_sbatch(monkeypatch):
     """The Slurm boundary: sbatch answers job ids 77, 78, ... and records what it got."""
-    from jobs.slurm import client
+    from slurm import client
 
     seen: dict = {}
 
@@ -158,8 +158,10 @@ def make_recipe_job(cluster, owner, *, job_id="7", recipe="llama-pretrain", poin
 
 # --- the catalog page -----------------------------------------------------------------
 def test_urls_reverse_to_the_documented_paths():
-    assert reverse("jobs:recipes") == "/recipes/"
-    assert reverse("jobs:recipe_launch", args=["c1", "sft"]) == "/clusters/c1/recipes/sft/launch/"
+    assert reverse("recipes:recipes") == "/recipes/"
+    assert (
+        reverse("recipes:recipe_launch", args=["c1", "sft"]) == "/clusters/c1/recipes/sft/launch/"
+    )
 
 
 def test_recipes_page_lists_every_recipe_and_its_parameters(user_client, cluster):
@@ -226,7 +228,7 @@ def test_launch_page_shows_defaults_and_the_preview_script(user_client, cluster,
     assert 'type="text"' in field_block(text, "data_path")
     # The preview: the exact batch script and run.json, before anything is submitted.
     script = re.search(r'data-testid="preview-script">(.*?)</pre>', text, re.S).group(1)
-    assert "torch.distributed.run" in script and "jobs.recipes.runtime.train" in script
+    assert "torch.distributed.run" in script and "node.train.train" in script
     assert "# mtc recipe llama-pretrain: Llama pretraining" in script
     run_json = html_lib.unescape(
         re.search(r'data-testid="preview-run-json">(.*?)</pre>', text, re.S).group(1)
@@ -359,7 +361,7 @@ def test_launch_with_values_changed_since_the_preview_shows_it_again(
 
 def test_slurm_errors_and_conflicts_are_form_errors(user_client, cluster, data_dir, monkeypatch):
     from jobs import services
-    from jobs.slurm import SlurmError, client
+    from slurm import SlurmError, client
 
     def refuse(self, args, script, env):
         raise SlurmError("sbatch: error: Batch job submission failed", permanent=True)

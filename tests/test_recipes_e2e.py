@@ -9,8 +9,8 @@ import pytest
 from clusters import services as cluster_services
 from clusters.models import Cluster
 from jobs.models import Job, JobMetric
-from jobs.recipes.metrics import recipe_jobs_ingest
 from jobs.sync import jobs_sync
+from recipes.metrics import recipe_jobs_ingest
 
 from .conftest import make_spec
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.spec import validate_cluster_spec
 from jobs.models import Job
-from jobs.recipes.catalog import RECIPES
+from recipes.catalog import RECIPES
 from registry import services
 from registry.models import Model, ModelVersion
 
@@ -39,7 +39,7 @@ TINY_RUN = {
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """A finished tiny llama-pretrain run (3 steps, about 2 s on one CPU)."""
-    from jobs.recipes.runtime import train
+    from node.train import train
 
     run = tmp_path_factory.mktemp("registry") / "run-1"
     run.mkdir()
@@ -81,7 +81,7 @@ def user_client(user) -> Client:
 @pytest.fixture
 def fake_sbatch(monkeypatch):
     """The Slurm boundary: sbatch answers job ids 501, 502, ..."""
-    from jobs.slurm import client
+    from slurm import client
 
     count = {"n": 500}
 

@@ -11,8 +11,8 @@ from django.test import Client
 from clusters import services as cluster_services
 from clusters.models import Cluster
 from jobs.models import Job
-from jobs.recipes.metrics import recipe_jobs_ingest
 from jobs.sync import jobs_sync
+from recipes.metrics import recipe_jobs_ingest
 from registry.models import ModelVersion
 from registry.tasks import registrations_poll
 

@@ -1,4 +1,4 @@
-"""The training runtime (jobs/recipes/runtime), run for real on this CPU: no Slurm, no
+"""The training runtime (node/train), run for real on this CPU: no Slurm, no
 database. One llama-pretrain tiny run (a real ``python -m`` process) is shared by the
 tests that need an uninterrupted reference or a checkpoint to start from; the others
 call the entry point's ``main`` in this process (same code, no interpreter start-up)."""
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.recipes.runtime import train
+from node.train import train
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = {
@@ -80,7 +80,7 @@ def pretrain_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("pretrain")
     config = write_config(run_dir)
     proc = subprocess.run(
-        [sys.executable, "-m", "jobs.recipes.runtime.train", "--config", str(config)],
+        [sys.executable, "-m", "node.train.train", "--config", str(config)],
         cwd=REPO,
         env=env_for_subprocess(),
         capture_output=True,
@@ -232,8 +232,8 @@ def sft_run(tmp_path_factory) -> Path:
 
 
 def test_sft_masks_prompt_and_learns(sft_run):
-    from jobs.recipes.runtime.sft import IGNORE, sft_batch, sft_example
-    from jobs.recipes.runtime.tokenizer import tokenizer_load
+    from node.train.sft import IGNORE, sft_batch, sft_example
+    from node.train.tokenizer import tokenizer_load
 
     tok = tokenizer_load(sft_run / "tokenizer.json")
     ids, labels = sft_example(tok, "12+7=", "19", 32)
@@ -326,7 +326,7 @@ def test_two_processes_with_torchrun(tmp_path):
             "--standalone",
             "--nproc-per-node=2",
             "-m",
-            "jobs.recipes.runtime.train",
+            "node.train.train",
             "--config",
             str(config),
         ],
@@ -351,7 +351,7 @@ def test_two_processes_with_torchrun(tmp_path):
 
 def test_two_nodes_as_the_batch_script_starts_them(tmp_path):
     """One torchrun per "node", static rendezvous on 127.0.0.1 and a per-job port: the
-    command line jobs/recipes/launch.py's batch script runs under srun."""
+    command line recipes/launch.py's batch script runs under srun."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -369,7 +369,7 @@ def test_two_nodes_as_the_batch_script_starts_them(tmp_path):
                 "--master-addr=127.0.0.1",
                 f"--master-port={port}",
                 "-m",
-                "jobs.recipes.runtime.train",
+                "node.train.train",
                 "--config",
                 str(config),
             ],
@@ -400,7 +400,7 @@ def test_sigterm_checkpoints_then_exits(tmp_path):
     run_dir = tmp_path / "term"
     config = write_config(run_dir, steps=100_000, checkpoint_interval=0)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jobs.recipes.runtime.train", "--config", str(config)],
+        [sys.executable, "-m", "node.train.train", "--config", str(config)],
         cwd=REPO, env=env_for_subprocess(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
     )  # fmt: skip

@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 
-from jobs.recipes.runtime.checkpoint import checkpoint_find
-from jobs.recipes.runtime.config import ConfigError, config_from_dict
-from jobs.recipes.runtime.data import sample_ids
-from jobs.recipes.runtime.model import flops_per_token, hf_config
-from jobs.recipes.runtime.optim import lr_at
-from jobs.recipes.runtime.presets import PRESETS, get_preset, param_count
-from jobs.recipes.runtime.rl import group_advantages, grpo_loss_sum, reward
-from jobs.recipes.runtime.tasks import PairSource
+from node.train.checkpoint import checkpoint_find
+from node.train.config import ConfigError, config_from_dict
+from node.train.data import sample_ids
+from node.train.model import flops_per_token, hf_config
+from node.train.optim import lr_at
+from node.train.presets import PRESETS, get_preset, param_count
+from node.train.rl import group_advantages, grpo_loss_sum, reward
+from node.train.tasks import PairSource
 
 
 @pytest.mark.parametrize("family,name", [(f, n) for f, presets in PRESETS.items() for n in presets])
@@ -102,8 +102,8 @@ def test_checkpoint_find_without_any(tmp_path):
 def test_every_architecture_trains_a_step(arch):
     from dataclasses import replace
 
-    from jobs.recipes.runtime.distributed import Dist
-    from jobs.recipes.runtime.model import lm_loss_sum, model_build
+    from node.train.distributed import Dist
+    from node.train.model import lm_loss_sum, model_build
 
     preset = replace(get_preset("gemma", "tiny"), arch=arch, max_position=128)
     model = model_build(

@@ -86,8 +86,8 @@ def replica_server(tiny_model_dir):
     """The replica's HTTP server on a free port in this process (no Slurm job)."""
     import threading
 
-    from serving.replica.generation import Generator
-    from serving.replica.server import ReplicaServer
+    from node.replica.generation import Generator
+    from node.replica.server import ReplicaServer
 
     token = "test-replica-token"
     server = ReplicaServer(("127.0.0.1", 0), Generator(str(tiny_model_dir), name="tiny@1"), token)

@@ -2,8 +2,8 @@
 
 from datetime import UTC, datetime
 
-from jobs.slurm.client import parse_sinfo_state
-from jobs.slurm.queue import (
+from slurm.client import parse_sinfo_state
+from slurm.queue import (
     SEP,
     exit_code_from_status,
     expand_task_string,

@@ -1,4 +1,4 @@
-"""Submitting through slurmrestd (jobs/slurm/rest.py): the option mapping, the job
+"""Submitting through slurmrestd (slurm/rest.py): the option mapping, the job
 environment, error mapping and the fall back to sbatch against a stand-in daemon on a
 unix socket, then the same job from both paths on a real local cluster."""
 
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from rest_framework.test import APIClient
 
-from jobs.slurm import SlurmClient, SlurmError
-from jobs.slurm import rest as slurm_rest
-from jobs.slurm.rest import RestUnsuitable, check_script, job_description, sbatch_environment
-from jobs.slurm.submit import Submission, sbatch_args
+from slurm import SlurmClient, SlurmError
+from slurm import rest as slurm_rest
+from slurm.rest import RestUnsuitable, check_script, job_description, sbatch_environment
+from slurm.submit import Submission, sbatch_args
 
 from .conftest import cluster_root, make_spec
 
@@ -306,7 +306,7 @@ def show_job(client: SlurmClient, job_id: str) -> set[str]:
 def test_both_paths_make_the_same_job_on_a_real_cluster(local_clusters, user, tmp_path):
     from clusters import services as cluster_services
     from clusters.models import Cluster
-    from clusters.providers.base import get_provider
+    from clusters.providers import get_provider
 
     cluster_services.cluster_create(spec=make_spec("rs", nodes=2))
     cluster = Cluster.objects.get(cluster_id="rs")

@@ -19,9 +19,9 @@ from torch.utils.tensorboard import SummaryWriter
 
 from clusters.models import Cluster
 from clusters.providers import procs
-from jobs import tasks, tensorboard
 from jobs.models import Job
-from jobs.tensorboard_views import tensorboard_proxy
+from recipes import tasks, tensorboard
+from recipes.tensorboard_views import tensorboard_proxy
 
 from .conftest import make_spec
 

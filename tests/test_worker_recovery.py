@@ -10,7 +10,7 @@ from django.db import connection
 
 from clusters import services
 from clusters.models import Cluster, Node, Operation
-from clusters.providers.base import get_provider
+from clusters.providers import get_provider
 from mtc.devstack import Stack
 
 from .conftest import cluster_processes, make_spec, sinfo_json

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from clusters.models import Cluster, Node
-    from jobs.slurm import SlurmClient, SlurmNode
+    from slurm import SlurmClient, SlurmNode
 
 
 class ProviderError(Exception):
@@ -98,17 +98,3 @@ class Provider(ABC):
         report, where the provider can reach the node directly; None where the node's own
         agent reports."""
         return None
-
-
-def get_provider(name: str) -> Provider:
-    from .gce import GceProvider
-    from .local import LocalProvider
-
-    providers: dict[str, type[Provider]] = {"local": LocalProvider, "gce": GceProvider}
-    if name not in providers:
-        raise ProviderError(
-            f"Provider '{name}' is not available in this installation.",
-            code="PROVIDER_UNAVAILABLE",
-            permanent=True,
-        )
-    return providers[name]()

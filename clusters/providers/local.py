@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from jobs.slurm import SlurmClient, SlurmError
-from jobs.slurm.rest import RestClient
+from slurm import SlurmClient, SlurmError
+from slurm import config as slurm_config
+from slurm.rest import RestClient
 
-from .. import slurm_config
 from . import munge, procs
 from .base import Provider, ProviderError
 from .local_nodes import HARDWARE_FAULTS, LocalNodes

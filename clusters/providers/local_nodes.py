@@ -15,17 +15,19 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from health.agent.shim import inject as shim_faults
-from health.agent.shim.install import install as shim_install
-from health.policy import dcgm_level_for
+from node.shim import inject as shim_faults
+from node.shim.install import install as shim_install
+from slurm import config as slurm_config
 
-from .. import slurm_config
 from . import procs
 
 if TYPE_CHECKING:
     from clusters.models import Cluster, Node
 
-AGENT_DIR = Path(__file__).resolve().parents[2] / "health" / "agent"
+AGENT_DIR = Path(__file__).resolve().parents[2] / "node" / "agent"
+# Slurm's HealthCheckProgram runs beside jobs: DCGM's quick level (health.policy's
+# table takes its "healthcheck" entry from here).
+HEALTHCHECK_DCGM_LEVEL = 1
 REAL_FAULTS = ("kill", "disk", "slow")
 FAULT_KINDS = (*REAL_FAULTS, *shim_faults.KINDS)
 # What survives which repair: GPU hardware faults go only with a new machine.
@@ -83,7 +85,7 @@ class LocalNodes:
         """A new token for the node's agent (the database keeps only its hash), in a file
         only its owner (the user mtc runs as) can read. A new machine (reimage, replace)
         gets a new one."""
-        from health.services import node_token_issue
+        from clusters.services import node_token_issue
 
         path = self.node_dir(cluster, node.name) / TOKEN_FILE
         token = node_token_issue(node)
@@ -138,7 +140,7 @@ MTC_NODE_DIR="$dir"
 export MTC_NODE_DIR
 exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
   --config "$dir/agent.json" --once --checks {HEALTH_CHECKS} \
-  --dcgm-level {dcgm_level_for("healthcheck")} --trigger "$trigger" \
+  --dcgm-level {HEALTHCHECK_DCGM_LEVEL} --trigger "$trigger" \
   --state-file "$dir/healthcheck-state.json" --output "$dir/healthcheck.json" \
   --slurm-drain >/dev/null 2>>{q(str(log_dir))}/"healthcheck-$node.log"
 """
@@ -175,7 +177,7 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
     ) -> dict | None:
         """Run the node's agent once, now, and return its report (``dcgm_level``: the
         diag level for this run, else the node's configured one)."""
-        from health.agent.mtc_agent import DCGM_BUDGET_BY_LEVEL
+        from node.agent.mtc_agent import DCGM_BUDGET_BY_LEVEL
 
         node_dir = self.node_dir(cluster, node.name)
         if not (node_dir / "agent.json").exists():
@@ -230,7 +232,7 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
     # --- faults ----------------------------------------------------------
     def node_processes(self, cluster: Cluster, node: Node) -> list[int]:
         """The node's slurmd, agent, job tasks and their slurmstepd: what a power loss ends."""
-        from health.agent.throttle import node_pids
+        from node.agent.throttle import node_pids
 
         pids = node_pids(node.name, str(self.root(cluster) / "run" / f"slurmd-{node.name}.pid"))
         for pid in list(pids):

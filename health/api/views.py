@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from clusters.api.serializers import OperationSerializer
 from clusters.models import Node
+from clusters.services import node_token_valid
 from mtc.api.errors import ApiError
 
 from .. import services
@@ -186,7 +187,7 @@ class AgentReportView(APIView):
         node = _node(cluster_id, node)
         header = request.headers.get("Authorization", "")
         token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
-        if not token or not services.node_token_valid(node, token):
+        if not token or not node_token_valid(node, token):
             raise ApiError(
                 code="UNAUTHENTICATED",
                 message="A valid node token is required.",

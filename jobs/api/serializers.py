@@ -98,7 +98,7 @@ class JobDetailSerializer(JobSerializer):
 
 
 class JobSubmitSerializer(serializers.Serializer):
-    """Documents the submit body; validation is jobs.slurm.submit.validate_submission."""
+    """Documents the submit body; validation is slurm.submit.validate_submission."""
 
     name = serializers.CharField()
     script = serializers.CharField()

@@ -1,6 +1,5 @@
 from django.urls import re_path
 
-from .recipes import JobMetricsView, RecipeLaunchView, RecipeListView
 from .views import JobActionView, JobDetailView, JobListView, JobOutputView
 
 CLUSTER = r"^clusters/(?P<cluster_id>[a-z][a-z0-9-]{0,30})/jobs"
@@ -11,14 +10,6 @@ urlpatterns = [
     re_path(CLUSTER + r"/?$", JobListView.as_view(), name="job-list"),
     re_path(JOB + r"/?$", JobDetailView.as_view(), name="job-detail"),
     re_path(JOB + r"/output/?$", JobOutputView.as_view(), name="job-output"),
-    re_path(JOB + r"/metrics/?$", JobMetricsView.as_view(), name="job-metrics"),
-    re_path(r"^recipes/?$", RecipeListView.as_view(), name="recipe-list"),
-    re_path(
-        r"^clusters/(?P<cluster_id>[a-z][a-z0-9-]{0,30})/recipes/(?P<recipe>[a-z0-9-]{1,40})"
-        r"/launch/?$",
-        RecipeLaunchView.as_view(),
-        name="recipe-launch",
-    ),
     *[
         re_path(
             JOB + rf"/{action}/?$", JobActionView.as_view(action_name=action), name=f"job-{action}"

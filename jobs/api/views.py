@@ -7,15 +7,14 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from clusters.models import Cluster
-from jobs.slurm import SlurmError
-from jobs.slurm.queue import JOB_ID_RE
-from jobs.slurm.submit import SubmissionError
 from mtc.api.errors import ApiError
+from mtc.fielderrors import FieldErrors
+from slurm import SlurmError
+from slurm.queue import JOB_ID_RE
 
 from .. import selectors, services
 from ..filtersets import JobFilterSet
 from ..models import Job
-from ..recipes.launch import LaunchError
 from .serializers import (
     JobDetailSerializer,
     JobOutputSerializer,
@@ -39,7 +38,7 @@ def job_errors(invalid: str = "Invalid job"):
     """The API's answer to what submitting or controlling a job can raise."""
     try:
         yield
-    except (SubmissionError, LaunchError) as exc:
+    except FieldErrors as exc:  # SubmissionError, and a recipe's LaunchError
         raise ApiError(
             code="INVALID_ARGUMENT", message=f"{invalid}: {exc}", fields=exc.fields
         ) from exc

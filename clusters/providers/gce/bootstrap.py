@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from clusters.slurm_config import gres_type
+from slurm.config import gres_type
 
 from .names import controller_name
 

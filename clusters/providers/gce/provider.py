@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from jobs.slurm import SlurmClient, SlurmError
+from slurm import SlurmClient, SlurmError
 
 from .. import munge
 from ..base import Provider, ProviderError

@@ -1,0 +1,252 @@
+"""Entry point: ``python -m node.train.train --config /abs/run/dir/run.json``.
+
+Run by torchrun (one worker per GPU, or one per node on CPU) or as a plain process.
+On start it resumes from the newest complete checkpoint in run_dir/checkpoints; with
+none there it starts from ``init_from`` (continued-pretrain, sft, rl) or from scratch.
+
+Exit codes: 0 done (or stopped by ``MTC_STOP_AT_STEP=N``, which simulates a preemption
+right after step N's checkpoint), 2 bad configuration or inputs, 143 stopped by SIGTERM
+or SIGUSR1 (a checkpoint is saved first; Slurm requeues or cancels the job), 1 a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+
+from .checkpoint import checkpoint_save
+from .config import ConfigError, RunConfig, load_config
+from .distributed import Dist, dist_close, dist_init
+from .metrics import MetricsLogger, peak_flops, progress_line
+from .model import autocast, flops_per_token
+from .optim import lr_at
+from .presets import param_count
+from .start import Prepared, RunError, run_prepare
+from .tokenizer import TOKENIZER_FILE
+
+log = logging.getLogger("mtc.runtime")
+EXIT_SIGNAL = 143
+_STOP = {"signum": 0}
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever sys.stdout is now (the Slurm output file; pytest's capture)."""
+
+    def emit(self, record):
+        self.stream = sys.stdout
+        super().emit(record)
+
+
+def _logging_setup(rank: int) -> None:
+    handler = next((h for h in log.handlers if isinstance(h, _StdoutHandler)), None)
+    if handler is None:
+        handler = _StdoutHandler(sys.stdout)
+        log.addHandler(handler)
+    handler.setFormatter(logging.Formatter(f"mtc[rank {rank}] %(levelname)s %(message)s"))
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def say(d: Dist, text: str) -> None:
+    if d.is_main:
+        print(text, flush=True)
+
+
+class _StopSignals:
+    """SIGTERM/SIGUSR1 ask for a checkpoint at the end of the current step; the ranks
+    agree through the step's all-reduce, so all of them stop after the same step."""
+
+    def __init__(self):
+        self.saved = {}
+
+    def __enter__(self):
+        _STOP["signum"] = 0
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
+                self.saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    @staticmethod
+    def _handle(signum, frame):
+        _STOP["signum"] = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+def _step_of(path: str) -> int:
+    tail = path.rstrip("/").rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def run(cfg: RunConfig, d: Dist) -> int:
+    p = run_prepare(cfg, d)
+    fpt = flops_per_token(p.preset, cfg.seq_len)
+    peak = peak_flops(d.device) * d.world
+    n_params = param_count(p.preset)
+    metrics = MetricsLogger(
+        cfg.path, enabled=d.is_main, purge_step=p.start_step + 1 if p.resume else None
+    )
+    for path, why in p.skipped:
+        metrics.event("checkpoint_skipped", _step_of(path), path=path, reason=why)
+    metrics.event(
+        "start",
+        p.start_step,
+        recipe=cfg.recipe,
+        model=p.preset.name,
+        family=p.preset.family,
+        params=n_params,
+        world_size=d.world,
+        device=d.device.type,
+        precision=p.precision,
+        flops_per_token=fpt,
+        peak_flops=peak,
+        vocab=p.tok.vocab_size,
+    )
+    backend = f"FSDP2/{'nccl' if d.device.type == 'cuda' else 'gloo'}" if d.enabled else "single"
+    say(
+        d,
+        f"mtc runtime: {cfg.recipe} {p.preset.family}/{p.preset.name} "
+        f"({n_params / 1e6:.2f}M params) world {d.world} ({backend}) on {d.device.type}, "
+        f"{p.precision}, {cfg.steps} steps, batch {cfg.global_batch}x{cfg.seq_len}",
+    )
+    if p.resume is not None:
+        metrics.event("resumed", p.start_step, from_step=p.start_step, checkpoint=str(p.resume))
+        say(d, f"resumed from {p.resume} (step {p.start_step})")
+    elif p.init is not None:
+        say(d, f"initialised from {p.init}")
+    try:
+        with _StopSignals():
+            return _loop(cfg, d, p, metrics, fpt, peak)
+    finally:
+        metrics.close()
+
+
+def _loop(cfg: RunConfig, d: Dist, p: Prepared, metrics, fpt: float, peak: float) -> int:
+    stop_at = int(os.environ.get("MTC_STOP_AT_STEP") or 0)
+    copy_files = {TOKENIZER_FILE: cfg.path / TOKENIZER_FILE, "model.json": cfg.path / "model.json"}
+    trainer_state = {
+        "recipe": cfg.recipe,
+        "model": p.preset.name,
+        "family": p.preset.family,
+        "init_checkpoint": p.ref_init,
+        "tokenizer": p.tok.fingerprint(),
+        "config": cfg.to_dict(),
+    }
+    if p.start_step >= cfg.steps:
+        say(d, f"nothing to do: the checkpoint is at step {p.start_step} of {cfg.steps}")
+    for step in range(p.start_step + 1, cfg.steps + 1):
+        m, signalled = _train_step(cfg, d, p, step)
+        m["tokens_per_s"] = m.pop("tokens") / m["step_time_s"]
+        m["mfu"] = m["tokens_per_s"] * fpt / peak
+        metrics.step(step, m)
+        if d.is_main and (step % cfg.log_interval == 0 or step in (1, cfg.steps)):
+            print(progress_line(step, cfg.steps, m), flush=True)
+        stop = signalled or step == stop_at
+        interval = cfg.checkpoint_interval
+        if (interval and step % interval == 0) or step == cfg.steps or stop:
+            t0 = time.time()
+            path = checkpoint_save(
+                d=d,
+                root=cfg.checkpoint_dir,
+                step=step,
+                model=p.model,
+                optimizer=p.optimizer,
+                trainer_state=trainer_state,
+                copy_files=copy_files,
+                keep=cfg.keep_checkpoints,
+            )
+            seconds = time.time() - t0
+            metrics.event("checkpoint", step, path=str(path), seconds=round(seconds, 3))
+            say(d, f"checkpoint {path.name} saved ({seconds:.2f}s)")
+        if stop:
+            reason = "signal" if signalled else "MTC_STOP_AT_STEP"
+            metrics.event("stopped", step, reason=reason)
+            say(d, f"stopped after step {step} ({reason})")
+            return EXIT_SIGNAL if signalled else 0
+    metrics.event("done", cfg.steps)
+    say(d, f"done: {cfg.steps} steps")
+    return 0
+
+
+def _train_step(cfg: RunConfig, d: Dist, p: Prepared, step: int) -> tuple[dict, bool]:
+    """One optimizer step over the global batch; the loss is normalised by the number of
+    counted tokens (or sequences, for rl) over all ranks and micro-batches."""
+    t0 = time.perf_counter()
+    lr = lr_at(
+        step,
+        lr=cfg.lr,
+        steps=cfg.steps,
+        warmup_steps=cfg.warmup_steps,
+        schedule=cfg.lr_schedule,
+        min_lr_ratio=cfg.min_lr_ratio,
+    )
+    for group in p.optimizer.param_groups:
+        group["lr"] = lr
+    mbs, extra = p.task.prepare(p.model, step)
+    (weight,) = d.all_reduce([sum(mb["weight"] for mb in mbs)])
+    scale = d.world / max(weight, 1.0)  # FSDP averages gradients over ranks
+    loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
+    for i, mb in enumerate(mbs):
+        if d.enabled and len(mbs) > 1:  # reduce-scatter once, after the last micro-batch
+            p.model.set_requires_gradient_sync(i == len(mbs) - 1)
+        with autocast(d, p.precision):
+            loss = p.task.loss(p.model, mb)
+        (loss * scale).backward()
+        loss_sum += loss.detach().double()
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(p.model.parameters(), max_norm)
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+        grad_norm = grad_norm.full_tensor()
+    p.optimizer.step()
+    p.optimizer.zero_grad(set_to_none=True)
+    sums = d.all_reduce(
+        [
+            float(loss_sum),
+            sum(mb["tokens"] for mb in mbs),
+            extra.get("reward_sum", 0.0),
+            extra.get("reward_n", 0),
+            sum(mb.get("kl_sum", 0.0) for mb in mbs),
+            float(_STOP["signum"]),
+        ]
+    )
+    if d.device.type == "cuda":
+        torch.cuda.synchronize()
+    m = {
+        "loss": sums[0] / max(weight, 1.0),
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        "tokens": sums[1],
+        "step_time_s": time.perf_counter() - t0,
+    }
+    if cfg.recipe == "rl":
+        m["reward"] = sums[2] / max(sums[3], 1.0)
+        if cfg.rl.kl_coef > 0:
+            m["kl"] = sums[4] / max(sums[3], 1.0)
+    return m, sums[5] > 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m node.train.train")
+    parser.add_argument("--config", required=True, help="path of run.json")
+    args = parser.parse_args(argv)
+    d = dist_init()
+    _logging_setup(d.rank)
+    try:
+        return run(load_config(args.config), d)
+    except (ConfigError, RunError, FileNotFoundError) as exc:
+        log.error("%s", exc)
+        return 2
+    finally:
+        dist_close(d)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""Launching a recipe: validate its parameters, lay out the run directory, write
+run.json, render the batch script, and submit it through the Slurm Job API."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from clusters.models import Cluster
+from clusters.providers import get_provider
+from jobs import services
+from jobs.models import Job
+from mtc.fielderrors import FieldErrors
+from registry.checkpoints import checkpoint_is_complete
+from registry.names import is_model_ref
+from registry.selectors import VersionRefError, register_as_problem, version_resolve
+from slurm.submit import SubmissionError
+
+from .catalog import RecipeError, recipe_get
+
+BODY_FIELDS = (
+    "nodes",
+    "partition",
+    "gpus_per_node",
+    "name",
+    "overrides",
+    "time_limit",
+    "register_as",
+)
+# Rendezvous ports per job: below the kernel's ephemeral range and above the ports
+# the local provider gives Slurm daemons.
+RDZV_PORT_BASE, RDZV_PORT_SPAN = 30000, 2500
+
+SCRIPT = r"""#!/bin/bash
+# mtc recipe {recipe_id}: {title}
+# model {model}, {steps} steps, a checkpoint every {checkpoint_interval} steps in
+#   {checkpoint_dir}
+# Requeued or resubmitted, it resumes from the latest complete checkpoint there.
+set -euo pipefail
+export OMP_NUM_THREADS={threads}
+export PYTHONPATH={repo}
+export MTC_PYTHON={python} MTC_NPROC={nproc} MTC_RUN_CONFIG={config}
+export RDZV_HOST={rdzv_host}
+export RDZV_PORT=$(( {port_base} + SLURM_JOB_ID % {port_span} ))
+echo "mtc: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST," \
+     "restart ${{SLURM_RESTART_COUNT:-0}}, rendezvous $RDZV_HOST:$RDZV_PORT"
+# One torchrun per node; each learns its node rank from Slurm.
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'exec "$MTC_PYTHON" \
+  -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" \
+  --nproc-per-node="$MTC_NPROC" --master-addr="$RDZV_HOST" --master-port="$RDZV_PORT" \
+  -m node.train.train --config "$MTC_RUN_CONFIG"'
+"""
+
+
+class LaunchError(FieldErrors):
+    """Bad launch request: ``fields`` by JSON path (HTTP 400)."""
+
+
+@dataclass
+class LaunchPlan:
+    recipe_id: str
+    parameters: dict[str, Any]
+    submission: services.Submission
+    run_dir: Path
+    run_config: dict[str, Any]
+    script: str
+    register_as: str = ""
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def _run_config(recipe_id: str, params: dict[str, Any], run_dir: Path, real_gpus: bool) -> dict:
+    config = {
+        k: v for k, v in params.items() if k not in ("group_size", "max_new_tokens", "kl_coef")
+    }
+    config["recipe"] = recipe_id
+    if config.get("precision") == "auto":
+        config["precision"] = "bf16" if real_gpus else "fp32"
+    if recipe_id == "rl":
+        config["rl"] = {k: params[k] for k in ("group_size", "max_new_tokens", "kl_coef")}
+    config["run_dir"] = str(run_dir)
+    return config
+
+
+def new_run_dir(cluster: Cluster, recipe_id: str) -> Path:
+    stamp = f"{timezone.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    root = Path(settings.DATA_DIR) / "clusters" / cluster.cluster_id / "runs"
+    return root / f"{recipe_id}-{stamp}"
+
+
+def _init_from_version(params: dict[str, Any], errors: dict[str, str]) -> str | None:
+    """``init_from: models/<name>@<ref>``: the version's checkpoint path for run.json;
+    the version ("name@3") is recorded in the parameters, so the run's own registered
+    version gets it as its parent."""
+    value = params.get("init_from")
+    if not isinstance(value, str) or not is_model_ref(value):
+        return None
+    try:
+        version = version_resolve(value)
+    except VersionRefError as exc:
+        errors["overrides.init_from"] = str(exc)
+        return None
+    if not version.checkpoint_path or not checkpoint_is_complete(Path(version.checkpoint_path)):
+        errors["overrides.init_from"] = (
+            f"{version}'s checkpoint {version.checkpoint_path or '(none)'} is no longer there."
+        )
+        return None
+    params["init_from_version"] = str(version)
+    return version.checkpoint_path
+
+
+def _register_as(body: dict, owner, errors: dict[str, str]) -> str:
+    value = body.get("register_as")
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str):
+        errors["register_as"] = "Must be a model name (a string)."
+        return ""
+    problem = register_as_problem(value, owner)
+    if problem:
+        errors["register_as"] = problem
+    return value
+
+
+def recipe_plan(
+    *,
+    cluster: Cluster,
+    recipe_id: str,
+    body: Any,
+    run_dir: Path | None = None,
+    owner=None,
+) -> LaunchPlan:
+    """Everything a launch would do, without doing it (the page's preview). Give the
+    previewed ``run_dir`` back to recipe_launch to launch exactly what was shown;
+    ``owner`` is who would launch (whether they may register as ``register_as``)."""
+    recipe = recipe_get(recipe_id)
+    if recipe is None:
+        raise LaunchError({"recipe": f"No recipe '{recipe_id}'."})
+    if not isinstance(body, dict):
+        raise LaunchError({"non_field_errors": "The body must be a JSON object."})
+    errors: dict[str, str] = {}
+    for key in body:
+        if key not in BODY_FIELDS:
+            errors[str(key)] = "Unknown field."
+    try:
+        params = recipe.validate(body.get("overrides"))
+    except RecipeError as exc:
+        errors.update(exc.fields)
+        params = {}
+    init_checkpoint = _init_from_version(params, errors)
+    register_as = _register_as(body, owner, errors)
+    provider = get_provider(cluster.provider)
+    real_gpus = not provider.gpus_emulated
+    name = body.get("name") or f"{recipe_id}-{params.get('model', '')}".rstrip("-")
+    run_dir = run_dir or new_run_dir(cluster, recipe_id)
+    gpus = body.get("gpus_per_node")
+    job_body = {
+        "name": name,
+        "script": "#!/bin/bash\n",
+        "nodes": body.get("nodes", 1),
+        "requeue": True,
+    }
+    for key in ("partition", "time_limit"):
+        if body.get(key):
+            job_body[key] = body[key]
+    if gpus is not None:
+        job_body["gpus_per_node"] = gpus
+    try:
+        submission = services.job_validate(cluster=cluster, data=job_body)
+    except SubmissionError as exc:
+        errors.update(exc.fields)
+        submission = None
+    if errors:
+        raise LaunchError(errors)
+    config = _run_config(recipe_id, params, run_dir, real_gpus)
+    if init_checkpoint:  # the runtime reads a path; the parameters keep what was asked
+        config["init_from"] = init_checkpoint
+        config.pop("init_from_version", None)
+    nproc = submission.gpus_per_node if real_gpus and submission.gpus_per_node else 1
+    script = SCRIPT.format(
+        recipe_id=recipe_id,
+        title=recipe.title,
+        model=params["model"],
+        steps=params["steps"],
+        checkpoint_interval=params["checkpoint_interval"],
+        checkpoint_dir=run_dir / "checkpoints",
+        threads=1 if not real_gpus else 8,
+        repo=shlex.quote(str(settings.BASE_DIR)),
+        rdzv_host="127.0.0.1"
+        if cluster.provider == "local"
+        else '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        port_base=RDZV_PORT_BASE,
+        port_span=RDZV_PORT_SPAN,
+        python=shlex.quote(sys.executable),
+        nproc=nproc,
+        config=shlex.quote(str(run_dir / "run.json")),
+    )
+    submission.script = script
+    return LaunchPlan(
+        recipe_id=recipe_id,
+        parameters=params,
+        submission=submission,
+        run_dir=run_dir,
+        run_config=config,
+        script=script,
+        register_as=register_as,
+    )
+
+
+def recipe_launch(
+    *, cluster: Cluster, recipe_id: str, body: Any, owner, run_dir: Path | None = None
+) -> Job:
+    """Validate, write run.json, submit. Raises LaunchError, JobConflict or SlurmError;
+    a refused submission leaves no run directory behind."""
+    plan = recipe_plan(
+        cluster=cluster, recipe_id=recipe_id, body=body, run_dir=run_dir, owner=owner
+    )
+    if plan.run_dir.exists():
+        raise LaunchError({"run_dir": "This run directory is taken; preview again."})
+    plan.checkpoint_dir.mkdir(parents=True)
+    (plan.run_dir / "run.json").write_text(json.dumps(plan.run_config, indent=2) + "\n")
+    try:
+        job = services.job_submit(
+            cluster=cluster,
+            owner=owner,
+            submission=plan.submission,
+            recipe=plan.recipe_id,
+            parameters={**plan.parameters, "nodes": plan.submission.nodes},
+            checkpoint_dir=str(plan.checkpoint_dir),
+        )
+    except Exception:
+        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        raise
+    if plan.register_as:  # read by registry.tasks.registrations_poll once it completes
+        Job.objects.filter(pk=job.pk).update(register_as=plan.register_as)
+        job.register_as = plan.register_as
+    return job

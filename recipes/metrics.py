@@ -1,0 +1,123 @@
+"""Reading a recipe run's metrics.jsonl into the database (by the poller), so the
+pages and the API never read run files per request."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import Job, JobEvent, JobMetric
+
+log = logging.getLogger(__name__)
+MAX_READ = 4 * 1024 * 1024  # per poll and job; the rest waits for the next poll
+SUMMARY_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "reward")
+
+
+def _time(value) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(float(value), tz=UTC)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def job_metrics_ingest(job: Job) -> int:
+    """Store the lines written since the last call; return how many steps were added."""
+    path = job.metrics_path
+    if path is None or not path.exists() or path.stat().st_size <= job.metrics_offset:
+        return 0
+    with open(path, "rb") as fh:
+        fh.seek(job.metrics_offset)
+        chunk = fh.read(MAX_READ)
+    complete = chunk.rfind(b"\n") + 1  # a line still being written waits
+    if not complete:
+        return 0
+    summary = dict(job.metrics)
+    points: list[JobMetric] = []
+    events: list[JobEvent] = []
+    redo_from: int | None = None
+    for raw in chunk[:complete].splitlines():
+        try:
+            # NaN/Infinity (a diverged loss) are not JSON a database takes: store null.
+            entry = json.loads(raw, parse_constant=lambda _: None)
+        except ValueError:
+            log.warning("job %s: skipping a malformed metrics line", job)
+            continue
+        if not isinstance(entry, dict):
+            continue
+        event = entry.get("event")
+        if event:
+            step = entry.get("step")
+            if event == "resumed":
+                redo_from = int(entry.get("from_step", step or 0))
+                points = [p for p in points if p.step <= redo_from]
+                summary["resumed_from_step"] = redo_from
+            if event == "checkpoint" and step is not None:
+                summary["last_checkpoint_step"] = step
+            if event == "start":
+                summary.pop("done", None)
+            if event == "done":
+                summary["done"] = True
+            if event in ("resumed", "done"):
+                events.append(
+                    JobEvent(
+                        job=job,
+                        time=_time(entry.get("time")) or timezone.now(),
+                        state=job.state,
+                        cause=f"training {event}"
+                        + (
+                            f" from the step-{redo_from} checkpoint"
+                            if event == "resumed"
+                            else f" at step {step}"
+                        ),
+                    )
+                )
+            continue
+        if "step" not in entry:
+            continue
+        step = int(entry["step"])
+        values = {k: v for k, v in entry.items() if k not in ("step", "time")}
+        points.append(JobMetric(job=job, step=step, time=_time(entry.get("time")), values=values))
+        summary["step"] = step
+        if "loss" in values and "first_loss" not in summary:
+            summary["first_loss"] = values["loss"]
+        for key in SUMMARY_KEYS:
+            if key in values:
+                summary[f"last_{key}" if key == "loss" else key] = values[key]
+    with transaction.atomic():
+        if redo_from is not None:  # steps after the checkpoint are being trained again
+            JobMetric.objects.filter(job=job, step__gt=redo_from).delete()
+        JobMetric.objects.bulk_create(points)
+        JobEvent.objects.bulk_create(events)
+        job.metrics = summary
+        job.metrics_offset += complete
+        job.save(update_fields=["metrics", "metrics_offset", "update_time"])
+    return len(points)
+
+
+def recipe_jobs_ingest(cluster) -> int:
+    """Every recipe job of the cluster whose metrics file has grown."""
+    added = 0
+    for job in (
+        Job.objects.filter(cluster=cluster)
+        .exclude(recipe="")
+        .exclude(checkpoint_dir="")
+        .only(
+            "id",
+            "job_id",
+            "state",
+            "checkpoint_dir",
+            "metrics",
+            "metrics_offset",
+            "cluster_id",
+            "recipe",
+        )
+    ):
+        try:
+            added += job_metrics_ingest(job)
+        except Exception:  # noqa: BLE001 - one bad run must not stop the others
+            log.exception("job %s: metrics ingestion failed", job)
+    return added

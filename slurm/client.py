@@ -1,0 +1,288 @@
+"""Every Slurm call as an argument list (never a shell), with the cluster's
+SLURM_CONF, a timeout, and errors split into transient and permanent. Submits go
+to the cluster's slurmrestd when it has one (rest.py), else to sbatch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TRANSIENT_MARKERS, SlurmError
+
+log = logging.getLogger(__name__)
+
+NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,79}$")
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str  # Slurm's base state, upper case: IDLE, ALLOCATED, MIXED, DOWN, ...
+    flags: tuple[str, ...]  # DRAIN, NOT_RESPONDING, ...
+    reason: str
+    cpus: int
+    gres: str
+
+    @property
+    def display_state(self) -> str:
+        """One word like sinfo's %T: idle, drained, draining, down*, ..."""
+        state = self.state.lower()
+        if "DRAIN" in self.flags:
+            state = "drained" if self.state in ("IDLE", "DOWN") else "draining"
+        if "NOT_RESPONDING" in self.flags:
+            state += "*"
+        return state
+
+
+class SlurmClient:
+    def __init__(
+        self, conf_path: Path | str, *, timeout: float = 15.0, rest_socket: str | None = None
+    ):
+        self.conf_path = str(conf_path)
+        self.timeout = timeout
+        # The cluster's slurmrestd socket, if it runs one: submits go there first.
+        self.rest_socket = rest_socket
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SLURM_CONF"] = self.conf_path
+        return env
+
+    def run(
+        self,
+        args: list[str],
+        *,
+        stdin: str | None = None,
+        timeout: float | None = None,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run(
+                args,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                env=env or self.env(),
+                cwd=cwd,
+                timeout=timeout or self.timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmError(f"{args[0]} timed out", permanent=False, command=args) from exc
+        except FileNotFoundError as exc:
+            raise SlurmError(f"{args[0]} is not installed", permanent=True, command=args) from exc
+        if check and proc.returncode != 0:
+            message = (proc.stderr or proc.stdout).strip() or f"{args[0]} exited {proc.returncode}"
+            message = message.removeprefix(f"{args[0]}: error: ")
+            transient = any(m in message.lower() for m in TRANSIENT_MARKERS)
+            raise SlurmError(message, permanent=not transient, command=args)
+        return proc
+
+    # --- reads -----------------------------------------------------------
+    def ping(self) -> bool:
+        try:
+            out = self.run(["scontrol", "ping"], timeout=5, check=False).stdout
+        except SlurmError:
+            return False
+        return "is UP" in out
+
+    def nodes(self) -> list[SlurmNode]:
+        """All nodes, from one `sinfo` call (formatted output: fast and stable)."""
+        out = self.run(
+            ["sinfo", "--noheader", "--Node", "--format=%N|%T|%c|%G|%E", "--noconvert"]
+        ).stdout
+        nodes: dict[str, SlurmNode] = {}
+        for line in out.splitlines():
+            parts = line.split("|", 4)
+            if len(parts) != 5:
+                continue
+            name, state, cpus, gres, reason = parts
+            nodes[name] = parse_sinfo_state(name, state, cpus, gres, reason)
+        return list(nodes.values())
+
+    def node_jobs(self, name: str) -> list[str]:
+        """Ids of the jobs Slurm has on one node now."""
+        if not NODE_NAME_RE.match(name):
+            raise SlurmError(f"invalid node name {name!r}", permanent=True)
+        proc = self.run(["squeue", "--noheader", f"--nodelist={name}", "--format=%i"], check=False)
+        return proc.stdout.split()
+
+    def nodes_json(self) -> list[dict]:
+        return json.loads(self.run(["sinfo", "--json"]).stdout).get("nodes", [])
+
+    # --- writes ----------------------------------------------------------
+    def node_update(self, names: list[str], *, state: str, reason: str = "") -> None:
+        for name in names:
+            if not NODE_NAME_RE.match(name):
+                raise SlurmError(f"invalid node name {name!r}", permanent=True)
+        args = ["scontrol", "update", f"NodeName={','.join(names)}", f"State={state}"]
+        if reason:
+            args.append(f"Reason={reason}")
+        self.run(args)
+
+    def node_delete(self, names: list[str]) -> None:
+        """Forget dynamic nodes (cloud clusters) once their machines are gone."""
+        for name in names:
+            if not NODE_NAME_RE.match(name):
+                raise SlurmError(f"invalid node name {name!r}", permanent=True)
+        if names:
+            self.run(["scontrol", "delete", f"NodeName={','.join(names)}"])
+
+    def reconfigure(self) -> None:
+        self.run(["scontrol", "reconfigure"])
+
+    def queue(self) -> list:
+        """Every job slurmctld still holds (also ones that ended within MinJobAge),
+        array tasks one per line, from one `squeue` call."""
+        from .queue import SQUEUE_FORMAT, parse_squeue
+
+        out = self.run(
+            [
+                "squeue",
+                "--noheader",
+                "--states=all",
+                "--array",
+                f"--Format={SQUEUE_FORMAT}",
+            ],
+            timeout=60,
+        ).stdout
+        return parse_squeue(out)
+
+    def queue_json(self) -> list:
+        from .queue import parse_squeue_json
+
+        out = self.run(["squeue", "--states=all", "--array", "--json"], timeout=120).stdout
+        return parse_squeue_json(json.loads(out))
+
+    def job(self, job_id: str):
+        """One job from the queue, or None when slurmctld no longer knows it."""
+        from .queue import JOB_ID_RE, SQUEUE_FORMAT, parse_squeue
+
+        if not JOB_ID_RE.match(job_id):
+            raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        proc = self.run(
+            [
+                "squeue",
+                "--noheader",
+                "--states=all",
+                "--array",
+                f"--jobs={job_id}",
+                f"--Format={SQUEUE_FORMAT}",
+            ],
+            check=False,
+        )
+        jobs = [j for j in parse_squeue(proc.stdout) if j.job_id == job_id]
+        return jobs[0] if jobs else None
+
+    def submit(self, args: list[str], script: str, env: dict[str, str]) -> str:
+        """Submit the job that ``args`` (an sbatch argument list) describes, with
+        ``script`` as its batch script and ``env`` as its extra environment. Returns
+        the job id.
+
+        Through the cluster's slurmrestd when it answers, else by running sbatch
+        with the script on stdin; either way the same job with the same environment:
+        PATH, LANG, LC_ALL and TZ of this process, ``env``, SLURM_CONF, and the
+        SLURM_* variables sbatch adds (task counts, submit dir and host, umask,
+        resource limits). The submit dir is the job's --chdir."""
+        from .rest import RestUnavailable, RestUnsuitable, option_values
+
+        base = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
+        base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        job_env = {**base, **env, "SLURM_CONF": self.conf_path}
+        chdir = option_values(args)[0].get("--chdir", "")
+        submit_dir = chdir if chdir and os.path.isdir(chdir) else os.getcwd()
+        if self.rest_socket:
+            try:
+                return self.submit_rest(args, script, job_env, submit_dir)
+            except RestUnavailable as exc:  # not running (yet): the usual case elsewhere
+                log.debug("submitting with sbatch: %s", exc)
+            except RestUnsuitable as exc:
+                log.info("submitting with sbatch instead of slurmrestd: %s", exc)
+        proc = self.run(args, stdin=script, env=job_env, cwd=submit_dir)
+        return proc.stdout.strip().split(";")[0]
+
+    def submit_rest(
+        self, args: list[str], script: str, job_env: dict[str, str], submit_dir: str
+    ) -> str:
+        """The REST half of ``submit``: ``job_env`` is the environment sbatch would
+        get; the job gets it plus what sbatch adds."""
+        from .rest import RestClient, check_script, job_description, sbatch_environment
+
+        check_script(script)
+        environment = {**job_env, **sbatch_environment(args, submit_dir)}
+        job = job_description(args, environment)
+        return RestClient(self.rest_socket, timeout=self.timeout).submit(script, job)
+
+    def control(self, action: str, job_id: str) -> None:
+        """cancel, requeue, hold or release one job."""
+        from .queue import JOB_ID_RE
+
+        if not JOB_ID_RE.match(job_id):
+            raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        commands = {
+            "cancel": ["scancel", job_id],
+            "requeue": ["scontrol", "requeue", job_id],
+            "hold": ["scontrol", "uhold", job_id],  # a user hold, as the user asked
+            "release": ["scontrol", "release", job_id],
+        }
+        self.run(commands[action])
+        if action == "requeue":
+            # Slurm holds a requeued job back (BeginTime, ~2 minutes); let it start now.
+            self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+
+    def job_start_now(self, job_id: str) -> None:
+        """Drop a requeued job's BeginTime hold-back (best effort)."""
+        self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+
+    def cancel_all(self) -> None:
+        out = self.run(["squeue", "--noheader", "--format=%A"], check=False).stdout
+        ids = [j for j in out.split() if j.isdigit()]
+        if ids:
+            self.run(["scancel", *ids], check=False)
+
+
+# sinfo %T prints e.g. "idle", "drained", "draining", "down*", "idle~", "mixed-".
+_SUFFIX_FLAGS = {
+    "*": "NOT_RESPONDING",
+    "~": "POWERED_DOWN",
+    "#": "POWERING_UP",
+    "%": "POWERING_DOWN",
+    "!": "POWER_DOWN",
+    "$": "MAINTENANCE",
+    "@": "REBOOT",
+    "^": "REBOOT_ISSUED",
+    "-": "PLANNED",
+}
+
+
+def parse_sinfo_state(name: str, state: str, cpus: str, gres: str, reason: str) -> SlurmNode:
+    flags: list[str] = []
+    state = state.strip()
+    while state and state[-1] in _SUFFIX_FLAGS:
+        flags.append(_SUFFIX_FLAGS[state[-1]])
+        state = state[:-1]
+    base = state.upper()
+    if base in ("DRAINED", "DRAINING"):
+        flags.append("DRAIN")
+        base = "IDLE" if base == "DRAINED" else "ALLOCATED"
+    elif base.startswith("DOWN") or base == "NOT_RESPONDING":
+        base = "DOWN"
+    try:
+        cpu_count = int(cpus)
+    except ValueError:
+        cpu_count = 0
+    return SlurmNode(
+        name=name,
+        state=base,
+        flags=tuple(flags),
+        reason="" if reason.strip() == "none" else reason.strip(),
+        cpus=cpu_count,
+        gres="" if gres == "(null)" else gres,
+    )
