@@ -42,6 +42,8 @@ $PY manage.py makemigrations --check --dry-run >/dev/null || {
   echo "test: models changed without a migration"; exit 1; }
 echo "== ruff"
 .venv/bin/ruff check .
+echo "== import layers"
+.venv/bin/lint-imports --no-cache
 echo "== pytest"
 set +e
 $PY -m pytest "$@"
