@@ -10,7 +10,7 @@ class Cluster(models.Model):
     cluster_id = models.SlugField(max_length=31, unique=True)
     display_name = models.CharField(max_length=200, blank=True)
     provider = models.CharField(max_length=20, default="local")
-    spec = models.JSONField(help_text="The validated cluster spec (DESIGN.md section 3).")
+    spec = models.JSONField(help_text="The validated cluster spec (docs/spec.md).")
     labels = models.JSONField(default=dict, blank=True)
     state = models.CharField(
         max_length=12, choices=ClusterState.choices, default=ClusterState.CREATING

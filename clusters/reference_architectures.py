@@ -1,4 +1,4 @@
-"""Reference architectures: complete, valid cluster specs (DESIGN.md section 3) for
+"""Reference architectures: complete, valid cluster specs (docs/spec.md) for
 common training setups, offered by the create page as starting points."""
 
 from __future__ import annotations

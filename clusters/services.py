@@ -115,7 +115,7 @@ def _active_operation(cluster: Cluster) -> Operation | None:
 
 
 def cluster_update(*, cluster: Cluster, patch: Any, owner=None) -> Operation:
-    """Resize pools and change labels or display name (DESIGN.md section 4 PATCH body)."""
+    """Resize pools and change labels or display name (docs/api.md PATCH body)."""
     new_spec = validate_cluster_patch(cluster.spec, patch)
     with transaction.atomic():
         locked = Cluster.objects.select_for_update().get(pk=cluster.pk)

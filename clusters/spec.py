@@ -1,4 +1,4 @@
-"""The cluster spec (DESIGN.md section 3): one validator for the API, the wizard,
+"""The cluster spec (docs/spec.md): one validator for the API, the wizard,
 JSON upload and the CLI. Errors are keyed by JSON path, e.g.
 ``node_pools[1].scaling_spec.min_node_count``."""
 

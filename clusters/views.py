@@ -37,7 +37,7 @@ BUSY_CLUSTER_STATES = {ClusterState.CREATING, ClusterState.UPDATING, ClusterStat
 
 
 def staff_required(view):
-    """Operators only (DESIGN.md section 4): others get the 403 page."""
+    """Operators only (docs/api.md): others get the 403 page."""
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):

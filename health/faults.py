@@ -1,4 +1,4 @@
-"""Fault injection for operators and tests (DESIGN.md section 6). On the local
+"""Fault injection for operators and tests (docs/health.md). On the local
 provider `kill`, `disk` and `slow` are real; the GPU kinds go through the node's
 device shim and are emulation."""
 

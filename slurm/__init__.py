@@ -1,4 +1,4 @@
-"""The one adapter around Slurm's commands (DESIGN.md section 5)."""
+"""The one adapter around Slurm's commands (docs/api.md)."""
 
 from .client import SlurmClient, SlurmNode
 from .errors import SlurmError

@@ -1,4 +1,4 @@
-"""The cluster API against real local Slurm (DESIGN.md section 4)."""
+"""The cluster API against real local Slurm (docs/api.md)."""
 
 import pytest
 

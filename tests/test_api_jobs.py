@@ -1,4 +1,4 @@
-"""The Slurm Job API against a real local cluster (DESIGN.md sections 4 and 5)."""
+"""The Slurm Job API against a real local cluster (docs/api.md)."""
 
 import os
 import subprocess

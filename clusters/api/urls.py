@@ -4,7 +4,7 @@ from rest_framework.routers import SimpleRouter
 from .views import ClusterViewSet, NodeViewSet, OperationViewSet
 
 router = SimpleRouter()
-router.trailing_slash = "/?"  # DESIGN.md paths have no trailing slash; accept both
+router.trailing_slash = "/?"  # documented paths have no trailing slash; accept both
 router.register("clusters", ClusterViewSet, basename="cluster")
 router.register("operations", OperationViewSet, basename="operation")
 

@@ -35,7 +35,7 @@ def _accepted(operation: Operation) -> Response:
 
 
 class ClusterViewSet(viewsets.ViewSet):
-    """Clusters (DESIGN.md section 4). Writes answer 202 with an Operation."""
+    """Clusters (docs/api.md). Writes answer 202 with an Operation."""
 
     permission_classes = [IsAuthenticated, IsOperatorOrReadOnly]
     parser_classes = [JSONParser]
@@ -60,7 +60,7 @@ class ClusterViewSet(viewsets.ViewSet):
     @extend_schema(
         request={"application/json": {"type": "object"}},
         responses={202: OperationSerializer, 400: OpenApiResponse(description="Invalid spec")},
-        description="Create a cluster from a spec (DESIGN.md section 3).",
+        description="Create a cluster from a spec (docs/spec.md).",
     )
     def create(self, request):
         try:

@@ -22,7 +22,7 @@ class Migration(migrations.Migration):
                 ('cluster_id', models.SlugField(max_length=31, unique=True)),
                 ('display_name', models.CharField(blank=True, max_length=200)),
                 ('provider', models.CharField(default='local', max_length=20)),
-                ('spec', models.JSONField(help_text='The validated cluster spec (DESIGN.md section 3).')),
+                ('spec', models.JSONField(help_text='The validated cluster spec (docs/spec.md).')),
                 ('labels', models.JSONField(blank=True, default=dict)),
                 ('state', models.CharField(choices=[('CREATING', 'Creating'), ('RUNNING', 'Running'), ('UPDATING', 'Updating'), ('DEGRADED', 'Degraded'), ('ERROR', 'Error'), ('DELETING', 'Deleting')], default='CREATING', max_length=12)),
                 ('state_message', models.CharField(blank=True, max_length=500)),

@@ -1,4 +1,4 @@
-"""The local provider: real Slurm daemons on this machine (DESIGN.md section 3).
+"""The local provider: real Slurm daemons on this machine (docs/spec.md).
 
 Per cluster, ``$MTC_DATA_DIR/clusters/<id>/`` holds etc/ (slurm.conf, gres.conf,
 munge.key), run/ (pid files, munge and slurmrestd sockets), log/, state/ and

@@ -2,7 +2,7 @@
 
 Every client, the operations clients included, is built with the same
 ClientOptions, so one setting points all of them at Google or at a local test
-endpoint (DESIGN.md section 8: the ``*_unary`` methods, our own operation polling).
+endpoint (docs/gce.md: the ``*_unary`` methods, our own operation polling).
 Calls retry transient errors with backoff; the rest become ProviderErrors."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The gce provider: a Slurm cluster on Compute Engine (DESIGN.md sections 3 and 8).
+"""The gce provider: a Slurm cluster on Compute Engine (docs/spec.md, docs/gce.md).
 
 The controller (also the login node) and the workers are instances made from one
 instance template per pool; workers come in one ``bulkInsert`` per pool and join
