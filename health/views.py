@@ -53,13 +53,6 @@ def operator_required(view):
     return wrapper
 
 
-def _nav(request) -> dict:
-    """The Repairs nav entry's badge: pending approvals (one count, for operators)."""
-    if request.user.is_staff:
-        return {"nav_repairs_pending": selectors.repairs_pending_count()}
-    return {}
-
-
 def _node_or_404(cluster_id: str, node_name: str) -> Node:
     try:
         return selectors.node_get(cluster_id, node_name)
@@ -304,7 +297,6 @@ def node_detail(request, cluster_id: str, node_name: str):
             if active_repair
             else 0
         ),
-        **_nav(request),
     }
     return render(request, "health/node.html", context)
 
@@ -399,7 +391,6 @@ def repair_queue(request):
         "window_days": selectors.FLEET_WINDOW.days,
         "refresh_ms": LIVE_MS if running else IDLE_MS,
         "next_url": request.get_full_path(),
-        **_nav(request),
     }
     return render(request, "health/repairs.html", context)
 

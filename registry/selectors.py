@@ -47,10 +47,6 @@ def models_for_list(*, query: str = "") -> QuerySet[Model]:
     )
 
 
-def model_get(name: str) -> Model | None:
-    return Model.objects.select_related("owner").filter(name=name).first()
-
-
 def versions_of(model: Model) -> QuerySet[ModelVersion]:
     """The model's versions with what their serializer and page show (no query per row)."""
     return (
@@ -61,11 +57,6 @@ def versions_of(model: Model) -> QuerySet[ModelVersion]:
             Prefetch("children", queryset=ModelVersion.objects.select_related("model")),
         )
     )
-
-
-def alias_map(model: Model) -> dict[str, int]:
-    """{alias: version number} (from the prefetch when there is one)."""
-    return {a.alias: a.version.number for a in model.aliases.all()}
 
 
 def version_by_ref(model: Model, ref: str | int) -> ModelVersion | None:

@@ -114,9 +114,6 @@ class SlurmClient:
         proc = self.run(["squeue", "--noheader", f"--nodelist={name}", "--format=%i"], check=False)
         return proc.stdout.split()
 
-    def nodes_json(self) -> list[dict]:
-        return json.loads(self.run(["sinfo", "--json"]).stdout).get("nodes", [])
-
     # --- writes ----------------------------------------------------------
     def node_update(self, names: list[str], *, state: str, reason: str = "") -> None:
         for name in names:

@@ -420,6 +420,8 @@ def test_repair_queue_sections_and_nav_badge(staff_client, staff_user):
     # The nav shows the pending approvals.
     assert 'data-testid="nav-repairs"' in page
     assert 'title="2 waiting for approval">2</span>' in page
+    # ... on every page (a context processor), not only the health app's.
+    assert 'title="2 waiting for approval">2</span>' in html(staff_client.get("/clusters/"))
     # Filter by cluster.
     response = staff_client.get("/repairs/?cluster=other")
     assert [r.pk for r in response.context["pending"]] == [elsewhere.pk]

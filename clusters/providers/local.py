@@ -412,9 +412,6 @@ class LocalProvider(LocalNodes, Provider):
     def dead_nodes(self, cluster: Cluster, nodes: list[Node]) -> list[Node]:
         return [n for n in nodes if not self._slurmd_pid(cluster, n.name)]
 
-    def node_alive(self, cluster: Cluster, name: str) -> bool:
-        return self._slurmd_pid(cluster, name) is not None
-
     def _start_slurmd(self, cluster: Cluster, node: Node) -> None:
         self._spawn(cluster, ["slurmd", "-f", str(self.conf_path(cluster)), "-N", node.name])
 
