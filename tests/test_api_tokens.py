@@ -79,3 +79,43 @@ def test_migration_moves_a_plain_authtoken_key(transactional_db, user):
     finally:
         with connection.cursor() as cursor:
             cursor.execute("DROP TABLE authtoken_token")
+
+
+def test_token_page_shows_the_key_once_and_rotate_revokes(db, client, user, operator):
+    client.force_login(user)
+    page = client.post("/profile/tokens/", {"action": "create", "name": "ci", "expires_days": "30"})
+    assert page.status_code == 200
+    token = ApiToken.objects.get(user=user, name="ci")
+    key = page.context["new_key"]
+    assert key.startswith(token.prefix) and key in page.content.decode()
+    again = client.get("/profile/tokens/")
+    assert key not in again.content.decode() and token.prefix in again.content.decode()
+    assert _client(f"Token {key}").get(URL).status_code == 200
+
+    rotated = client.post("/profile/tokens/", {"action": "rotate", "token": token.pk})
+    new_key = rotated.context["new_key"]
+    assert _client(f"Token {key}").get(URL).status_code == 401
+    assert _client(f"Bearer {new_key}").get(URL).status_code == 200
+
+    bad = client.post("/profile/tokens/", {"action": "create", "name": "", "expires_days": "x"})
+    assert bad.status_code == 400 and "whole number of days" in bad.content.decode()
+
+    theirs, _ = token_create(user=operator, name="ops")
+    assert (
+        client.post("/profile/tokens/", {"action": "revoke", "token": theirs.pk}).status_code == 404
+    )
+    assert ApiToken.objects.filter(pk=theirs.pk).exists()
+
+
+def test_tokens_api_own_only(db, user, operator):
+    api = _client(f"Token {token_create(user=user)[1]}")
+    made = api.post("/api/v1/tokens", {"name": "script"}, format="json")
+    assert made.status_code == 201 and len(made.json()["key"]) == 40
+    listed = api.get("/api/v1/tokens").json()["results"]
+    assert {t["name"] for t in listed} == {"default", "script"} and "key" not in listed[0]
+    bad = api.post("/api/v1/tokens", {"name": "x", "expires_days": 0}, format="json")
+    assert bad.status_code == 400 and "expires_days" in bad.json()["error"]["fields"]
+    theirs, _ = token_create(user=operator)
+    assert api.delete(f"/api/v1/tokens/{theirs.pk}").status_code == 404
+    assert api.delete(f"/api/v1/tokens/{made.json()['id']}").status_code == 204
+    assert _client(f"Token {made.json()['key']}").get(URL).status_code == 401
