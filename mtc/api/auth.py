@@ -42,3 +42,21 @@ class TokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return "Token"
+
+
+try:  # the schema's security scheme (drf-spectacular finds extensions by subclassing)
+    from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+    class TokenScheme(OpenApiAuthenticationExtension):
+        target_class = "mtc.api.auth.TokenAuthentication"
+        name = "tokenAuth"
+
+        def get_security_definition(self, auto_schema):
+            return {
+                "type": "apiKey",
+                "in": "header",
+                "name": "Authorization",
+                "description": '"Token <key>" or "Bearer <key>"',
+            }
+except ImportError:  # pragma: no cover
+    pass
