@@ -4,9 +4,11 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from health.prometheus import MetricsView
 
-from . import probes
+from . import probes, token_views
 
 api_v1 = [
+    path("tokens", token_views.TokenListView.as_view(), name="api-tokens"),
+    path("tokens/<int:token_id>", token_views.TokenDetailView.as_view(), name="api-token"),
     path("", include("clusters.api.urls")),
     path("", include("jobs.api.urls")),
     path("", include("recipes.api.urls")),
@@ -21,6 +23,7 @@ urlpatterns = [
     path("readyz", probes.readyz, name="readyz"),
     path("metrics", MetricsView.as_view(), name="prometheus-metrics"),
     path("admin/", admin.site.urls),
+    path("profile/tokens/", token_views.token_page, name="token_page"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

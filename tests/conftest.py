@@ -28,10 +28,10 @@ def user(django_user_model):
 
 @pytest.fixture
 def operator_api(operator) -> APIClient:
-    from rest_framework.authtoken.models import Token
+    from mtc.tokens import token_create
 
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=operator).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_create(user=operator)[1]}")
     return client
 
 

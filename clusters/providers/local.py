@@ -25,7 +25,7 @@ from slurm import SlurmClient, SlurmError
 from slurm import config as slurm_config
 from slurm.rest import RestClient
 
-from . import munge, procs
+from . import munge, owned, procs
 from .base import Provider, ProviderError
 from .local_nodes import HARDWARE_FAULTS, LocalNodes
 
@@ -389,9 +389,8 @@ class LocalProvider(LocalNodes, Provider):
             self._munged_pid(cluster),
             self._slurmrestd_pid(cluster),
         )
-        pids = [pid for pid in daemons if pid]
-        pids += procs.processes_mentioning(str(root))
-        left = procs.stop(sorted(set(pids)))
+        pids = {pid for pid in daemons if pid} | owned.cluster_owned(root)
+        left = procs.stop(sorted(pids))
         _reap_restd()
         if left:
             raise ProviderError(f"processes {left} would not stop", code="DAEMON_STOP_FAILED")
@@ -403,7 +402,7 @@ class LocalProvider(LocalNodes, Provider):
         """Stop the daemons but keep the files, as when the machine powers off."""
         root = self.root(cluster)
         if root.exists():
-            procs.stop(sorted(set(procs.processes_mentioning(str(root)))))
+            procs.stop(sorted(owned.cluster_owned(root)))
             _reap_restd()
 
     def controller_alive(self, cluster: Cluster) -> bool:

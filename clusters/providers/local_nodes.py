@@ -19,7 +19,7 @@ from node.shim import inject as shim_faults
 from node.shim.install import install as shim_install
 from slurm import config as slurm_config
 
-from . import procs
+from . import owned, procs
 
 if TYPE_CHECKING:
     from clusters.models import Cluster, Node
@@ -232,20 +232,7 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
     # --- faults ----------------------------------------------------------
     def node_processes(self, cluster: Cluster, node: Node) -> list[int]:
         """The node's slurmd, agent, job tasks and their slurmstepd: what a power loss ends."""
-        from node.agent.throttle import node_pids
-
-        pids = node_pids(node.name, str(self.root(cluster) / "run" / f"slurmd-{node.name}.pid"))
-        for pid in list(pids):
-            try:
-                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                if b"slurmstepd" in Path(f"/proc/{ppid}/cmdline").read_bytes():
-                    pids.add(ppid)
-            except (OSError, ValueError, IndexError):
-                continue
-        agent_pid = procs.pid_from_file(self.root(cluster) / "run" / f"agent-{node.name}.pid")
-        if agent_pid and procs.is_running(agent_pid):
-            pids.add(agent_pid)
-        return sorted(pids)
+        return sorted(owned.node_owned(self.root(cluster), node.name))
 
     def fault_inject(self, cluster: Cluster, node: Node, kind: str, **params) -> None:
         node_dir = self.node_dir(cluster, node.name)
