@@ -91,7 +91,7 @@ def slurmstepds(spool_dirs: list[Path]) -> set[int]:
 
 
 def _spool(root: Path, node: str) -> Path:
-    return root / "nodes" / node / "spool"  # SlurmdSpoolDir (clusters/slurm_config.py)
+    return root / "nodes" / node / "spool"  # SlurmdSpoolDir (slurm/config.py)
 
 
 def node_owned(root: Path, node: str) -> set[int]:
