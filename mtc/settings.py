@@ -204,6 +204,10 @@ MTC_GCE_IMAGE = os.environ.get(
     "MTC_GCE_IMAGE", "projects/{project}/global/images/family/mtc-slurm-22-05"
 )
 MTC_GCE_SUBNET_RANGE = os.environ.get("MTC_GCE_SUBNET_RANGE", "10.128.0.0/20")
+# The service account every node runs as ({project} is the cluster's project).
+MTC_GCE_SERVICE_ACCOUNT = os.environ.get(
+    "MTC_GCE_SERVICE_ACCOUNT", "mtc-nodes@{project}.iam.gserviceaccount.com"
+)
 MTC_GCE_API_ENDPOINT = os.environ.get("MTC_GCE_API_ENDPOINT", "")
 # Cloud Monitoring's client speaks gRPC only: host:port here (plain text when anonymous).
 MTC_GCE_MONITORING_ENDPOINT = os.environ.get("MTC_GCE_MONITORING_ENDPOINT", "")

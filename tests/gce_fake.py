@@ -304,6 +304,7 @@ class FakeSlurm:
         self.drained: list[str] = []
         self.deleted: list[str] = []
         self.updates: list[tuple[tuple[str, ...], str]] = []
+        self.unregistered: set[str] = set()  # booted and reported ready, unknown to slurmctld
 
     def nodes(self):
         from slurm.client import SlurmNode
@@ -312,7 +313,7 @@ class FakeSlurm:
         for (kind, name), inst in sorted(self.fake.resources.items()):
             if kind != "instances" or name.endswith("-controller"):
                 continue
-            if inst["status"] != "RUNNING" or name in self.deleted:
+            if inst["status"] != "RUNNING" or name in self.deleted or name in self.unregistered:
                 continue
             flags = ("DRAIN",) if name in self.drained else ()
             out.append(SlurmNode(name, "IDLE", flags, "", 2, ""))

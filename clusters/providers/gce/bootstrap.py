@@ -9,6 +9,7 @@ from pathlib import Path
 
 from slurm.config import gres_type
 
+from . import access
 from .names import controller_name
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -55,6 +56,12 @@ def startup_script(spec: dict, *, role: str, pool: dict | None = None) -> str:
     """The startup-script metadata value for the controller or one compute pool."""
     common = (SCRIPTS / "common.sh").read_text()
     values = {
+        # First: the block holds placeholders of its own, rendered by the ones below.
+        "BLOCK": (SCRIPTS / "block.sh").read_text().rstrip("\n"),
+        "METADATA_ADDRESS": access.METADATA_ADDRESS,
+        "METADATA_HOST": access.METADATA_HOST,
+        "ACCOUNTS_KEY": access.ACCOUNTS_KEY,
+        "ACCOUNTS_PARSE": shlex.quote((SCRIPTS / "accounts_parse.py").read_text()),
         "ROLE": role,
         "CLUSTER": spec["cluster_id"],
         "MOUNTS": _mounts(spec.get("storage") or {}),

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import names
+from identity.sources.base import AccountData
+
+from . import access, names
 from .bootstrap import CGROUP_CONF, GRES_CONF, hook_script, slurm_conf, startup_script
 
 REDACTED_KEY = "<munge key: generated at create, not shown>"
-SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 DEFAULT_SUBNET_RANGE = "10.128.0.0/20"
 # What network_requests makes; made only when missing, and deleted only if mtc made it.
 NETWORK_RESOURCES = {"networks", "subnetworks", "globalAddresses"}
@@ -29,10 +31,15 @@ class Target:
     zone: str
     image: str
     subnet_range: str = DEFAULT_SUBNET_RANGE
+    service_account: str = ""  # the nodes' own; may hold {project}
 
     @property
     def region(self) -> str:
         return names.region_of(self.zone)
+
+    @property
+    def node_service_account(self) -> str:
+        return access.service_account(self.service_account, self.project)
 
 
 @dataclass
@@ -257,7 +264,13 @@ def _reservation_affinity(pool: dict) -> dict[str, Any] | None:
 
 
 def template_request(
-    spec: dict, pool: dict, target: Target, *, role: str, munge_key: str
+    spec: dict,
+    pool: dict,
+    target: Target,
+    *,
+    role: str,
+    munge_key: str,
+    accounts: Sequence[AccountData] = (),
 ) -> ApiRequest:
     """One instance template per pool (the login pool's makes the controller)."""
     cluster_id = spec["cluster_id"]
@@ -276,7 +289,8 @@ def template_request(
         {"key": "enable-oslogin", "value": "TRUE"},
         {"key": "mtc-cluster", "value": cluster_id},
         {"key": "mtc-role", "value": role},
-        {"key": "mtc-munge-key", "value": munge_key},
+        {"key": "mtc-munge-key", "value": munge_key},  # only root can fetch it (block.sh)
+        {"key": access.ACCOUNTS_KEY, "value": access.accounts_json(accounts)},
     ]
     if role == "controller":
         metadata += [
@@ -317,7 +331,11 @@ def template_request(
         "labels": names.cluster_labels(spec, pool["id"]),
         "tags": {"items": tags},
         "metadata": {"items": metadata},
-        "serviceAccounts": [{"email": "default", "scopes": SCOPES}],
+        # A dedicated account with only the scopes nodes need: a job that got a token
+        # anyway could not touch the project.
+        "serviceAccounts": [
+            {"email": target.node_service_account, "scopes": access.node_scopes(spec)}
+        ],
     }
     if gpus:
         properties["guestAccelerators"] = [
@@ -388,16 +406,27 @@ def munge_key_value(key: bytes | None) -> str:
     return base64.b64encode(key).decode() if key else REDACTED_KEY
 
 
-def cluster_plan(spec: dict, target: Target, *, munge_key: bytes | None = None) -> list[ApiRequest]:
-    """Every request ``create`` sends, in order."""
+def cluster_plan(
+    spec: dict,
+    target: Target,
+    *,
+    munge_key: bytes | None = None,
+    accounts: Sequence[AccountData] = (),
+) -> list[ApiRequest]:
+    """Every request ``create`` sends, in order; ``accounts`` are the POSIX accounts
+    every node gets (access.node_accounts() at create)."""
     key = munge_key_value(munge_key)
     requests = network_requests(spec, target) + firewall_requests(spec, target)
     requests += placement_requests(spec, target)
     requests.append(
-        template_request(spec, _login_pool(spec), target, role="controller", munge_key=key)
+        template_request(
+            spec, _login_pool(spec), target, role="controller", munge_key=key, accounts=accounts
+        )
     )
     for pool in compute_pools(spec):
-        requests.append(template_request(spec, pool, target, role="worker", munge_key=key))
+        requests.append(
+            template_request(spec, pool, target, role="worker", munge_key=key, accounts=accounts)
+        )
     requests.append(controller_request(spec, target))
     for pool in compute_pools(spec):
         requests.append(bulk_insert_request(spec, pool, target, node_names(spec, pool)))

@@ -22,7 +22,7 @@ from slurm import SlurmClient, SlurmError
 
 from .. import munge
 from ..base import Provider, ProviderError
-from . import names, plan
+from . import access, names, plan
 from .bootstrap import slurm_conf
 from .client import ComputeApi
 
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 RUNNING = "RUNNING"
 GONE_STATES = {"TERMINATED", "STOPPED", "SUSPENDED", "STOPPING", "SUSPENDING"}
+# Slurm base states of a node that has not joined (or has left) the cluster.
+SLURM_NOT_READY = {"DOWN", "FUTURE", "UNKNOWN"}
 
 
 def target_for(spec: dict, project: str = "") -> plan.Target:
@@ -49,6 +51,7 @@ def target_for(spec: dict, project: str = "") -> plan.Target:
         zone=spec["zone"],
         image=settings.MTC_GCE_IMAGE.replace("{project}", project),
         subnet_range=settings.MTC_GCE_SUBNET_RANGE,
+        service_account=settings.MTC_GCE_SERVICE_ACCOUNT,
     )
 
 
@@ -126,7 +129,8 @@ class GceProvider(Provider):
         spec, target = cluster.spec, api.target
         pools = {p["id"]: p for p in spec["node_pools"]}
         existing = api.instances(cluster.cluster_id)
-        for request in plan.cluster_plan(spec, target, munge_key=key):
+        accounts = access.node_accounts()
+        for request in plan.cluster_plan(spec, target, munge_key=key, accounts=accounts):
             if request.resource in plan.NETWORK_RESOURCES:
                 self._ensure_network_piece(cluster, api, request)
             elif request.verb == "bulkInsert":
@@ -161,7 +165,8 @@ class GceProvider(Provider):
         NodeModel.objects.bulk_update(changed, ["provider_id"])
 
     def wait_ready(self, cluster: Cluster, names_: list[str], *, timeout: float) -> None:
-        """Every named node RUNNING and its startup script reported ``slurmd=ready``."""
+        """Every named node RUNNING, its startup script reported ``slurmd=ready``, and
+        the controller answering and reporting the node registered and responding."""
         api = self.api(cluster)
         deadline = time.monotonic() + timeout
         while True:
@@ -196,7 +201,28 @@ class GceProvider(Provider):
                 failed.append(f"{name} ({state})")
             elif attrs.get("slurmctld" if name == controller else "slurmd") != "ready":
                 waiting.append(name)
-        return waiting, failed
+        if waiting or failed:
+            return waiting, failed
+        # Guest attributes only say what a startup script wrote; what counts is what the
+        # controller says, asked from mtc's side with the cluster's munge key.
+        return [n for n in [controller, *wanted] if n not in self._slurm_ready(cluster)], []
+
+    def _slurm_ready(self, cluster: Cluster) -> set[str]:
+        """The controller, if it answers, and the nodes it has registered and hears from."""
+        slurm = self.slurm(cluster)
+        if not slurm.ping():
+            return set()
+        try:
+            nodes = slurm.nodes()
+        except SlurmError as exc:
+            log.info("sinfo on %s: %s", cluster.cluster_id, exc)
+            return set()
+        ready = {
+            n.name
+            for n in nodes
+            if n.state not in SLURM_NOT_READY and "NOT_RESPONDING" not in n.flags
+        }
+        return ready | {names.controller_name(cluster.cluster_id)}
 
     def dead_nodes(self, cluster: Cluster, nodes: list[Node]) -> list[Node]:
         """Nodes whose instance is gone or stopped (e.g. a Spot VM that was preempted)."""
@@ -297,9 +323,23 @@ def plan_describe(spec: dict) -> dict:
     """The requests ``create`` would send for a validated gce spec, for people to read.
     Works without a configured project (it shows a placeholder)."""
     target = target_for(spec, settings.MTC_GCE_PROJECT or "PROJECT_ID")
+    accounts = access.node_accounts()
     return {
         "project": target.project,
         "zone": target.zone,
         "region": target.region,
-        "requests": [r.describe(target) for r in plan.cluster_plan(spec, target)],
+        "node_access": {
+            "service_account": target.node_service_account,
+            "scopes": access.node_scopes(spec),
+            "metadata_server": (
+                f"only root reaches {access.METADATA_ADDRESS} and {access.METADATA_HOST} "
+                "(tcp 80): the startup script's first step"
+            ),
+            "accounts": [
+                {"name": a.name, "uid": a.uid, "gid": a.gid, "home": a.home} for a in accounts
+            ],
+        },
+        "requests": [
+            r.describe(target) for r in plan.cluster_plan(spec, target, accounts=accounts)
+        ],
     }

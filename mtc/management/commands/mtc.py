@@ -138,6 +138,14 @@ class Command(BaseCommand):
             f"# {len(described['requests'])} Compute Engine requests for cluster "
             f"{spec['cluster_id']} in project {described['project']}, zone {described['zone']}"
         )
+        access = described["node_access"]
+        self.stdout.write(
+            f"# nodes run as {access['service_account']}, scopes {' '.join(access['scopes'])}\n"
+            f"# metadata server: {access['metadata_server']}\n"
+            f"# {len(access['accounts'])} account(s) on every node (name uid:gid home):"
+        )
+        for a in access["accounts"]:
+            self.stdout.write(f"#   {a['name']} {a['uid']}:{a['gid']} {a['home']}")
         for i, request in enumerate(described["requests"], 1):
             when = f"  ({request['when']})" if request.get("when") else ""
             self.stdout.write(f"\n{i}. {request['method']}  {request['http']}{when}")

@@ -2,6 +2,9 @@
 # mtc startup script for @@ROLE@@ nodes of cluster @@CLUSTER@@ (rendered by mtc; runs as root
 # at every boot). The image provides Slurm, munge, NVIDIA drivers and DCGM.
 set -euo pipefail
+umask 022
+@@BLOCK@@
+
 MD=http://metadata.google.internal/computeMetadata/v1/instance
 meta() { curl -sf -H Metadata-Flavor:Google "$MD/attributes/$1"; }
 # mtc reads these guest attributes to tell a booting node from a ready one.
@@ -20,7 +23,28 @@ mount_once() {  # mount_once <what> <where> <type> <options>
 @@MOUNTS@@
 
 # --- munge: the key mtc generated for this cluster ----------------------------------
-meta mtc-munge-key | base64 -d >/etc/munge/munge.key
-chown munge:munge /etc/munge/munge.key
-chmod 0400 /etc/munge/munge.key
+# mktemp makes the file 0600 for root before a byte of the key is in it.
+key=$(mktemp /etc/munge/.munge.key.XXXXXX)
+meta mtc-munge-key | base64 -d >"$key"
+chown munge:munge "$key"
+chmod 0400 "$key"
+mv -f "$key" /etc/munge/munge.key
 systemctl restart munge
+
+# --- the cluster's users: the same names, uids and gids on every node as in mtc ------
+# Made before slurmd starts, so every job's owner exists here; a clash fails the boot.
+ensure_account() {  # ensure_account <name> <uid> <gid> <home>
+  getent group "$3" >/dev/null || groupadd -g "$3" "$1"
+  if ! getent passwd "$1" >/dev/null; then
+    useradd --no-create-home --uid "$2" --gid "$3" --home-dir "$4" --shell /bin/bash "$1"
+  fi
+  if [ "$(id -u "$1"):$(id -g "$1")" != "$2:$3" ]; then
+    echo "mtc: account $1 is $(id -u "$1"):$(id -g "$1") here, not $2:$3" >&2
+    return 1
+  fi
+  [ -d "$4" ] || install -d -m 0700 -o "$2" -g "$3" "$4" || echo "mtc: cannot make $4" >&2
+}
+accounts=$(meta @@ACCOUNTS_KEY@@ | python3 -c @@ACCOUNTS_PARSE@@)
+while IFS=: read -r name uid gid home; do
+  if [ -n "$name" ]; then ensure_account "$name" "$uid" "$gid" "$home"; fi
+done <<<"$accounts"

@@ -12,7 +12,8 @@ ExecStart=
 ExecStart=$(command -v slurmd) -D -s -Z --conf-server @@CONTROLLER@@ --conf "Feature=@@POOL@@@@GRES@@"
 CONF
 systemctl daemon-reload
-systemctl enable slurmd
+# Not enabled: at boot slurmd waits for this script (the metadata rule, the accounts).
+systemctl disable slurmd >/dev/null 2>&1 || true
 systemctl restart slurmd
 for _ in $(seq 90); do
   state=$(scontrol show node "$(hostname -s)" -o 2>/dev/null | grep -o 'State=[A-Z+_]*' || true)
