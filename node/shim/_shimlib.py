@@ -772,6 +772,7 @@ def load_agent():
         os.environ.get("MTC_AGENT_PATH") or "",
         os.path.join(here, "mtc_agent.py"),
         os.path.join(os.path.dirname(here), "mtc_agent.py"),
+        os.path.join(os.path.dirname(here), "agent", "mtc_agent.py"),  # node/shim -> node/agent
     ]
     for path in candidates:
         if path and os.path.isfile(path):

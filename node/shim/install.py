@@ -29,7 +29,7 @@ except ImportError:  # run as a script, or imported by path
     import _shimlib
 
 SHIM_DIR = os.path.dirname(os.path.abspath(__file__))
-AGENT_PATH = os.path.join(os.path.dirname(SHIM_DIR), "mtc_agent.py")
+AGENT_PATH = os.path.join(os.path.dirname(SHIM_DIR), "agent", "mtc_agent.py")
 TOOLS = ("nvidia-smi", "dcgmi", "mtc-gpu-check")
 
 
