@@ -7,6 +7,7 @@ from health.prometheus import MetricsView
 from . import probes
 
 api_v1 = [
+    path("", include("identity.api.urls")),
     path("", include("clusters.api.urls")),
     path("", include("jobs.api.urls")),
     path("", include("health.api.urls")),
@@ -25,6 +26,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("vendor/plotly.min.js", probes.plotly_js, name="plotly-js"),
+    path("", include("identity.urls")),
     path("", include("jobs.urls")),
     path("", include("health.urls")),
     path("", include("registry.urls")),
