@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from django.conf import settings
@@ -10,6 +11,8 @@ from django.db.models import Count, Q, QuerySet
 from clusters.models import Cluster
 
 from .models import Job, JobMetric
+
+POSIX_NAME_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 OUTPUT_CHUNK = 64 * 1024
 
@@ -33,7 +36,12 @@ def job_output_path(job: Job, stream: str) -> Path | None:
     """The job's own output file, derived from its id; never a path from a request."""
     if not job.submitted_by_mtc:
         return None
-    output_dir = Path(settings.DATA_DIR) / "clusters" / job.cluster.cluster_id / "output"
+    root = Path(settings.DATA_DIR) / "clusters" / job.cluster.cluster_id
+    # A user's job writes in their own folder (jobs.services.job_root); mtc's own
+    # jobs and single-user ones in the cluster's.
+    users = root / "users"
+    own = users / job.user / "output" if POSIX_NAME_RE.fullmatch(job.user or "") else None
+    output_dir = own if own is not None and own.is_dir() else root / "output"
     path = output_dir / f"slurm-{job.job_id}.{'out' if stream == 'stdout' else 'err'}"
     return path if path.resolve().parent == output_dir.resolve() else None
 

@@ -11,6 +11,8 @@ from django.utils import timezone
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 from clusters.providers import get_provider
+from identity import paths as identity_paths
+from identity.services import account_ensure
 from slurm import SlurmError
 from slurm.submit import Submission, sbatch_args, validate_submission
 
@@ -23,13 +25,34 @@ class JobConflict(Exception):
     """The job's or cluster's state does not allow this (HTTP 409)."""
 
 
-def cluster_job_dirs(cluster: Cluster) -> tuple[Path, Path]:
-    """Where mtc's jobs write their output, and their working directory."""
+def job_root(cluster: Cluster, account=None) -> Path:
+    """Where a user's jobs keep their output, work and runs: ``users/<name>/`` of the
+    cluster, the account's alone (0700); the cluster's own folder for mtc's jobs and
+    in single-user mode."""
     root = Path(settings.DATA_DIR) / "clusters" / cluster.cluster_id
+    if account is None or not account.isolated:
+        return root
+    for above in (root.parent, root, root / "users"):
+        identity_paths.traverse_only(above)
+    return identity_paths.user_dir(root / "users" / account.name, account)
+
+
+def cluster_job_dirs(cluster: Cluster, account=None) -> tuple[Path, Path]:
+    """Where the jobs write their output, and their working directory."""
+    root = job_root(cluster, account)
     output, work = root / "output", root / "work"
-    output.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
+    for path in (output, work):
+        if account is not None and account.isolated:
+            identity_paths.user_dir(path, account)
+        else:
+            path.mkdir(parents=True, exist_ok=True)
     return output, work
+
+
+def job_account(owner):
+    """The owner's POSIX account (made on their first submit); None for mtc's own jobs.
+    Raises IdentityMissing (HTTP 403)."""
+    return account_ensure(user=owner) if owner is not None else None
 
 
 def cluster_partitions(cluster: Cluster) -> list[str]:
@@ -67,12 +90,15 @@ def job_submit(
     parameters: dict | None = None,
     checkpoint_dir: str = "",
 ) -> Job:
-    """sbatch the job (script on stdin) and record it. Raises SlurmError or JobConflict."""
+    """sbatch the job (script on stdin) as its owner's account and record it. Raises
+    SlurmError, JobConflict or IdentityMissing."""
     if cluster.state not in CLUSTER_LIVE_STATES:
         raise JobConflict(
             f"Cluster '{cluster.cluster_id}' is {cluster.state}; jobs need it RUNNING."
         )
-    output_dir, work_dir = cluster_job_dirs(cluster)
+    account = job_account(owner)
+    run_as = account if account is not None and account.isolated else None
+    output_dir, work_dir = cluster_job_dirs(cluster, account)
     args = sbatch_args(
         submission,
         output_dir=str(output_dir),
@@ -80,14 +106,15 @@ def job_submit(
         comment=f"mtc-owner={owner.username}" if owner else "mtc",
     )
     env = {**submission.env, "MTC_CLUSTER": cluster.cluster_id}
-    job_id = get_provider(cluster.provider).slurm(cluster).submit(args, submission.script, env)
+    client = get_provider(cluster.provider).slurm(cluster)
+    job_id = client.submit(args, submission.script, env, run_as=run_as)
     now = timezone.now()
     number = int(job_id.split("_")[0])
     fields = dict(
         job_number=number,
         array_task_id=None,
         name=submission.name,
-        user="",
+        user=account.name if account is not None else "",  # what squeue will say
         partition=submission.partition,
         state=JobState.PENDING,
         nodes=submission.nodes,

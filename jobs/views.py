@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from clusters.models import Cluster
 from clusters.providers.base import ProviderError
+from identity.sources.base import IdentityMissing
 from slurm import SlurmError
 from slurm.queue import JOB_ID_RE
 from slurm.submit import SubmissionError
@@ -87,7 +88,7 @@ def allowed_actions(job: Job) -> list[str]:
 
 
 # What a submit (a form's or a recipe launch's) can fail with once its input is valid.
-SUBMIT_FAILURES = (services.JobConflict, SlurmError, ProviderError)
+SUBMIT_FAILURES = (services.JobConflict, SlurmError, ProviderError, IdentityMissing)
 
 
 def submit_failure_message(exc: Exception) -> str:

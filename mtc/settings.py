@@ -14,9 +14,15 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from mtc.secretfile import secret_create
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("MTC_DATA_DIR", BASE_DIR / "var")).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR.mkdir(mode=0o711, parents=True, exist_ok=True)
+if os.stat(DATA_DIR).st_uid == os.geteuid():
+    # mtc's alone: others may only pass through to their own job directories below
+    # (clusters/<id>/users/<name>/, home/<name>/), never list or read anything.
+    os.chmod(DATA_DIR, 0o711)
 MTC_PORT = int(os.environ.get("MTC_PORT", "8000"))
 
 
@@ -24,9 +30,7 @@ def _secret_key() -> str:
     if os.environ.get("MTC_SECRET_KEY"):
         return os.environ["MTC_SECRET_KEY"]
     key_file = DATA_DIR / "secret_key"
-    if not key_file.exists():
-        key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
+    secret_create(key_file, secrets.token_urlsafe(50))
     return key_file.read_text().strip()
 
 
@@ -46,6 +50,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "mtc",
+    "identity",
     "clusters",
     "jobs",
     "recipes",
@@ -78,6 +83,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "health.context_processors.nav_repairs",
+                "identity.context_processors.identity",
             ],
         },
     },
@@ -190,6 +196,16 @@ MTC_OPERATION_STEP_DELAY = float(os.environ.get("MTC_OPERATION_STEP_DELAY", "0")
 
 # A cluster's TensorBoard (one process, reached through mtc) stops after this long idle.
 MTC_TENSORBOARD_IDLE_S = float(os.environ.get("MTC_TENSORBOARD_IDLE_S", "900"))
+
+# Whose Unix account jobs run as (README, "Identity"): "local" (mtc makes accounts
+# in MTC_UID_RANGE; the default as root), "ldap", or "single-user" (mtc's own user;
+# what mtc is when it is not root, whatever is set here).
+MTC_IDENTITY = os.environ.get("MTC_IDENTITY", "")
+if MTC_IDENTITY not in ("", "local", "ldap", "single-user"):
+    raise ImproperlyConfigured(
+        f"MTC_IDENTITY must be local, ldap or single-user, not {MTC_IDENTITY!r}"
+    )
+MTC_UID_RANGE = os.environ.get("MTC_UID_RANGE", "20000-29999")
 
 # The provider a spec gets when it names none, and what `make run` sets up: "local"
 # (a demo cluster of Slurm daemons on this machine) or "gce" (checks the project).

@@ -9,6 +9,7 @@ from . import probes, token_views
 api_v1 = [
     path("tokens", token_views.TokenListView.as_view(), name="api-tokens"),
     path("tokens/<int:token_id>", token_views.TokenDetailView.as_view(), name="api-token"),
+    path("", include("identity.api.urls")),
     path("", include("clusters.api.urls")),
     path("", include("jobs.api.urls")),
     path("", include("recipes.api.urls")),
@@ -29,6 +30,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("vendor/plotly.min.js", probes.plotly_js, name="plotly-js"),
+    path("", include("identity.urls")),
     path("", include("recipes.urls")),
     path("", include("jobs.urls")),
     path("", include("health.urls")),

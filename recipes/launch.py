@@ -4,6 +4,7 @@ run.json, render the batch script, and submit it through the Slurm Job API."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shlex
 import shutil
@@ -17,6 +18,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster
 from clusters.providers import get_provider
+from identity import paths as identity_paths
 from jobs import services
 from jobs.models import Job
 from mtc.fielderrors import FieldErrors
@@ -93,9 +95,10 @@ def _run_config(recipe_id: str, params: dict[str, Any], run_dir: Path, real_gpus
     return config
 
 
-def new_run_dir(cluster: Cluster, recipe_id: str) -> Path:
+def new_run_dir(cluster: Cluster, recipe_id: str, owner=None) -> Path:
+    """``runs/<recipe>-<stamp>`` in the owner's folder of the cluster (job_root)."""
     stamp = f"{timezone.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-    root = Path(settings.DATA_DIR) / "clusters" / cluster.cluster_id / "runs"
+    root = services.job_root(cluster, services.job_account(owner)) / "runs"
     return root / f"{recipe_id}-{stamp}"
 
 
@@ -163,7 +166,7 @@ def recipe_plan(
     provider = get_provider(cluster.provider)
     real_gpus = not provider.gpus_emulated
     name = body.get("name") or f"{recipe_id}-{params.get('model', '')}".rstrip("-")
-    run_dir = run_dir or new_run_dir(cluster, recipe_id)
+    run_dir = run_dir or new_run_dir(cluster, recipe_id, owner)
     gpus = body.get("gpus_per_node")
     job_body = {
         "name": name,
@@ -228,8 +231,14 @@ def recipe_launch(
     )
     if plan.run_dir.exists():
         raise LaunchError({"run_dir": "This run directory is taken; preview again."})
+    account = services.job_account(owner)
+    if account is not None and account.isolated:  # runs/ and the run are the owner's
+        identity_paths.user_dir(plan.run_dir.parent, account)
     plan.checkpoint_dir.mkdir(parents=True)
     (plan.run_dir / "run.json").write_text(json.dumps(plan.run_config, indent=2) + "\n")
+    if account is not None and account.isolated:
+        identity_paths.give(plan.run_dir, account)
+        os.chmod(plan.run_dir, 0o700)
     try:
         job = services.job_submit(
             cluster=cluster,

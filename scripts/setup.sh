@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # slurmrestd: each local cluster runs one, on a unix socket, for fast job submits.
-PACKAGES=(slurm-wlm slurmrestd munge redis-server chromium python3-venv procps)
+PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server chromium python3-venv procps)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

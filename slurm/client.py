@@ -9,8 +9,10 @@ import logging
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .errors import TRANSIENT_MARKERS, SlurmError
 
@@ -39,14 +41,29 @@ class SlurmNode:
         return state
 
 
+class RunAs(Protocol):
+    """Whose job it is: a POSIX account (identity.models.PosixAccount fits)."""
+
+    name: str
+    uid: int
+    gid: int
+
+
 class SlurmClient:
     def __init__(
-        self, conf_path: Path | str, *, timeout: float = 15.0, rest_socket: str | None = None
+        self,
+        conf_path: Path | str,
+        *,
+        timeout: float = 15.0,
+        rest_socket: str | None = None,
+        rest_auth: Callable[[str | None], dict[str, str]] | None = None,
     ):
         self.conf_path = str(conf_path)
         self.timeout = timeout
         # The cluster's slurmrestd socket, if it runs one: submits go there first.
         self.rest_socket = rest_socket
+        # user name (None: mtc's own) -> the headers slurmrestd authenticates.
+        self.rest_auth = rest_auth
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -178,44 +195,76 @@ class SlurmClient:
         jobs = [j for j in parse_squeue(proc.stdout) if j.job_id == job_id]
         return jobs[0] if jobs else None
 
-    def submit(self, args: list[str], script: str, env: dict[str, str]) -> str:
+    def submit(
+        self,
+        args: list[str],
+        script: str,
+        env: dict[str, str],
+        *,
+        run_as: RunAs | None = None,
+    ) -> str:
         """Submit the job that ``args`` (an sbatch argument list) describes, with
         ``script`` as its batch script and ``env`` as its extra environment. Returns
-        the job id.
+        the job id. ``run_as`` (an account with ``.name .uid .gid``): the job runs
+        as that user; None: as mtc itself (mtc's own jobs).
 
         Through the cluster's slurmrestd when it answers, else by running sbatch
         with the script on stdin; either way the same job with the same environment:
         PATH, LANG, LC_ALL and TZ of this process, ``env``, SLURM_CONF, and the
         SLURM_* variables sbatch adds (task counts, submit dir and host, umask,
-        resource limits). The submit dir is the job's --chdir."""
+        resource limits). The submit dir is the job's --chdir.
+
+        As the owner: slurmrestd takes mtc's root token with ``X-SLURM-USER-NAME:
+        <owner>`` (only root or SlurmUser may speak for another user, so Slurm checks
+        it, and the job is the owner's as if they had submitted it); sbatch, the
+        fallback, gets ``--uid/--gid`` from root (sbatch --uid works only for root).
+        """
         from .rest import RestUnavailable, RestUnsuitable, option_values
 
         base = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TZ")}
         base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         job_env = {**base, **env, "SLURM_CONF": self.conf_path}
+        impersonate = run_as is not None and run_as.uid != os.geteuid()
+        if impersonate:
+            job_env.update(USER=run_as.name, LOGNAME=run_as.name)
+            if getattr(run_as, "home", ""):
+                job_env["HOME"] = run_as.home
         chdir = option_values(args)[0].get("--chdir", "")
         submit_dir = chdir if chdir and os.path.isdir(chdir) else os.getcwd()
-        if self.rest_socket:
+        if self.rest_socket and (self.rest_auth or not impersonate):
             try:
-                return self.submit_rest(args, script, job_env, submit_dir)
+                return self.submit_rest(
+                    args, script, job_env, submit_dir, user=run_as.name if impersonate else None
+                )
             except RestUnavailable as exc:  # not running (yet): the usual case elsewhere
                 log.debug("submitting with sbatch: %s", exc)
             except RestUnsuitable as exc:
                 log.info("submitting with sbatch instead of slurmrestd: %s", exc)
+        if impersonate:
+            args = [args[0], f"--uid={run_as.uid}", f"--gid={run_as.gid}", *args[1:]]
         proc = self.run(args, stdin=script, env=job_env, cwd=submit_dir)
         return proc.stdout.strip().split(";")[0]
 
     def submit_rest(
-        self, args: list[str], script: str, job_env: dict[str, str], submit_dir: str
+        self,
+        args: list[str],
+        script: str,
+        job_env: dict[str, str],
+        submit_dir: str,
+        *,
+        user: str | None = None,
     ) -> str:
         """The REST half of ``submit``: ``job_env`` is the environment sbatch would
-        get; the job gets it plus what sbatch adds."""
+        get; the job gets it plus what sbatch adds. ``user``: submit as them."""
         from .rest import RestClient, check_script, job_description, sbatch_environment
 
         check_script(script)
         environment = {**job_env, **sbatch_environment(args, submit_dir)}
         job = job_description(args, environment)
-        return RestClient(self.rest_socket, timeout=self.timeout).submit(script, job)
+        headers = self.rest_auth(user) if self.rest_auth else {}
+        return RestClient(self.rest_socket, timeout=self.timeout, headers=headers).submit(
+            script, job
+        )
 
     def control(self, action: str, job_id: str) -> None:
         """cancel, requeue, hold or release one job."""

@@ -50,6 +50,8 @@ class ClusterConf:
     epilog: str = ""
     # None: the wrapper at health_check_program(root); "": no HealthCheckProgram.
     health_check: str | None = None
+    # The HS256 key slurmctld checks mtc's JWTs with (slurmrestd submits as the owner).
+    jwt_key: str = ""
 
 
 def gres_type(accelerator_type: str) -> str:
@@ -102,6 +104,9 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         "MinJobAge": "300",
         "JobRequeue": "1",
     }
+    if conf.jwt_key:
+        settings["AuthAltTypes"] = "auth/jwt"
+        settings["AuthAltParameters"] = f"jwt_key={conf.jwt_key}"
     health_check = (
         str(health_check_program(root)) if conf.health_check is None else conf.health_check
     )

@@ -192,9 +192,13 @@ def drop_connections() -> None:
 
 
 class RestClient:
-    def __init__(self, socket_path: str, *, timeout: float = 15.0):
+    def __init__(
+        self, socket_path: str, *, timeout: float = 15.0, headers: dict[str, str] | None = None
+    ):
         self.socket_path = socket_path
         self.timeout = timeout
+        # Authentication (X-SLURM-USER-NAME/-TOKEN) for slurmrestd's rest_auth/jwt.
+        self.headers = headers or {}
 
     def _connection(self) -> tuple[UnixHTTPConnection, bool]:
         """A connected connection, and whether it served a request before."""
@@ -217,6 +221,7 @@ class RestClient:
 
     def _send(self, method: str, path: str, body: bytes | None) -> UnixHTTPConnection:
         headers = {"Content-Type": "application/json"} if body is not None else {}
+        headers.update(self.headers)
         conn, reused = self._connection()
         try:
             conn.request(method, path, body=body, headers=headers)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pwd
 import shutil
 import subprocess
 import time
@@ -21,11 +22,12 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from mtc.secretfile import private_append
 from slurm import SlurmClient, SlurmError
 from slurm import config as slurm_config
 from slurm.rest import RestClient
 
-from . import munge, owned, procs
+from . import jwt, munge, owned, procs
 from .base import Provider, ProviderError
 from .local_nodes import HARDWARE_FAULTS, LocalNodes
 
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 RESTD_RETRY_S = 300
+# slurmrestd's unprivileged user (_start_slurmrestd says why it is not root).
+RESTD_USER, RESTD_GROUP = "nobody", "nogroup"
 READY_STATES = {"IDLE", "ALLOCATED", "MIXED", "COMPLETING"}
 # slurmrestd stays in the foreground: the Popen objects of the ones this process
 # started, so their exit is reaped (no zombies, no ResourceWarning).
@@ -69,7 +73,8 @@ class LocalProvider(LocalNodes, Provider):
         return self.root(cluster) / "nodes" / name
 
     def rest_socket(self, cluster: Cluster) -> str:
-        path = str(self.root(cluster) / "run" / "slurmrestd.sock")
+        # In a directory of its own that only slurmrestd's user may enter.
+        path = str(self.root(cluster) / "run" / "restd" / "slurmrestd.sock")
         if len(path) < 100:  # AF_UNIX paths are limited to 108 bytes
             return path
         digest = hashlib.sha1(path.encode()).hexdigest()[:16]
@@ -77,20 +82,36 @@ class LocalProvider(LocalNodes, Provider):
 
     def slurm(self, cluster: Cluster) -> SlurmClient:
         # Submits try slurmrestd first; a missing or dead socket falls back to sbatch.
-        return SlurmClient(self.conf_path(cluster), rest_socket=self.rest_socket(cluster))
+        return SlurmClient(
+            self.conf_path(cluster),
+            rest_socket=self.rest_socket(cluster),
+            rest_auth=self.rest_auth(cluster),
+        )
+
+    def rest_auth(self, cluster: Cluster):
+        """user (None: mtc) -> slurmrestd's headers: mtc's own token, and the owner's
+        name for slurmrestd to submit as (jwt.py)."""
+        root = self.root(cluster)
+
+        def headers(user: str | None) -> dict[str, str]:
+            return {
+                "X-SLURM-USER-NAME": user or jwt.own_name(),
+                "X-SLURM-USER-TOKEN": jwt.token(root),
+            }
+
+        return headers
 
     def login_command(self, cluster: Cluster) -> str:
         return f"SLURM_CONF={self.conf_path(cluster)} sinfo"
 
     # --- daemons ---------------------------------------------------------
     def _env(self, cluster: Cluster) -> dict[str, str]:
-        env = dict(os.environ)
-        env["SLURM_CONF"] = str(self.conf_path(cluster))
-        return env
+        # An allowlist: the daemons (and so every job under them) see none of mtc's secrets.
+        return procs.daemon_env(SLURM_CONF=str(self.conf_path(cluster)))
 
     def _spawn(self, cluster: Cluster, args: list[str]) -> None:
         """Start a daemon that forks into the background; its output goes to log/."""
-        with open(self.root(cluster) / "log" / "daemons.out", "ab") as out:
+        with private_append(self.root(cluster) / "log" / "daemons.out") as out:
             proc = subprocess.run(
                 args,
                 stdin=subprocess.DEVNULL,
@@ -128,31 +149,42 @@ class LocalProvider(LocalNodes, Provider):
         )
 
     def _start_slurmrestd(self, cluster: Cluster) -> None:
-        """slurmrestd on the cluster's unix socket (local auth: the peer's uid). It is
-        a speed-up for submits only, so a host without it, or one that fails to
-        start, leaves the cluster working on sbatch (logged)."""
+        """slurmrestd on the cluster's unix socket, with JWT auth: mtc sends its own
+        token and the owner's name, and slurmrestd submits as the owner. It is a
+        speed-up for submits only, so a host without it, or one that fails to start,
+        leaves the cluster working on sbatch (logged).
+
+        It runs as an unprivileged user (nobody): Slurm 22.05 refuses to let a root
+        slurmrestd speak for another user ("rejecting thread config for user X while
+        running as root"), and it needs no privilege, since slurmctld checks the
+        token. Its socket's directory is that user's, 0700; only root (mtc) and it
+        reach the socket, and a request without mtc's token is refused anyway."""
         if not shutil.which("slurmrestd"):
             log.warning("slurmrestd is not installed; %s submits with sbatch", cluster.cluster_id)
             return
         socket_path = self.rest_socket(cluster)
         Path(socket_path).unlink(missing_ok=True)  # a killed daemon's socket blocks bind
         env = self._env(cluster)
+        env["SLURM_JWT"] = "daemon"  # authenticate each request by its own token
+        user = {}
         if os.geteuid() == 0:
-            # slurmrestd refuses to run as root unless told; mtc's daemons all run as
-            # the web stack's user. Its local auth refuses other uids' connections,
-            # and the socket is 0600 besides.
-            env["SLURMRESTD_SECURITY"] = "disable_user_check"
+            user = {"user": RESTD_USER, "group": RESTD_GROUP, "extra_groups": []}
+        socket_dir = Path(socket_path).parent
+        socket_dir.mkdir(mode=0o700, exist_ok=True)
+        if user:
+            os.chown(socket_dir, pwd.getpwnam(RESTD_USER).pw_uid, -1)
+        os.chmod(socket_dir, 0o700)
         args = [
             "slurmrestd",
             "-f",
             str(self.conf_path(cluster)),
             "-a",
-            "rest_auth/local",
+            "rest_auth/jwt",
             "-s",
             "openapi/v0.0.38",  # the newest v0.0.x plugin 22.05 ships
             f"unix:{socket_path}",
         ]
-        with open(self.root(cluster) / "log" / "slurmrestd.log", "ab") as out:
+        with private_append(self.root(cluster) / "log" / "slurmrestd.log") as out:
             proc = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,
@@ -160,15 +192,14 @@ class LocalProvider(LocalNodes, Provider):
                 stderr=out,
                 env=env,
                 start_new_session=True,
+                **user,
             )
         _restd_children[proc.pid] = proc
         (self.root(cluster) / "run" / "slurmrestd.pid").write_text(f"{proc.pid}\n")
-        client = RestClient(socket_path, timeout=2)
+        client = RestClient(socket_path, timeout=2, headers=self.rest_auth(cluster)(None))
         deadline = time.monotonic() + 10
         while proc.poll() is None and time.monotonic() < deadline:
             if Path(socket_path).exists():
-                # It makes the socket 0777; connecting needs write access to it.
-                os.chmod(socket_path, 0o600)
                 if client.ping():
                     return
             time.sleep(0.05)
@@ -284,6 +315,7 @@ class LocalProvider(LocalNodes, Provider):
             overrides={str(k): str(v) for k, v in slurm_spec["config_overrides"].items()},
             prolog=self._write_hooks(cluster, "prolog", slurm_spec["prolog_bash_scripts"]),
             epilog=self._write_hooks(cluster, "epilog", slurm_spec["epilog_bash_scripts"]),
+            jwt_key=str(jwt.key_path(self.root(cluster))),
         )
         changed = False
         etc = self.root(cluster) / "etc"
@@ -309,6 +341,7 @@ class LocalProvider(LocalNodes, Provider):
                 (self.node_dir(cluster, node.name) / sub).mkdir(parents=True, exist_ok=True)
             if not (self.node_dir(cluster, node.name) / "agent.json").exists():
                 self.node_setup(cluster, node)
+        self._protect(root, nodes)
         self._ensure_munged(cluster)
         self.health_check_write(cluster)  # slurm.conf names it; slurmd runs it at start
         changed = self._render(cluster, nodes)
@@ -332,6 +365,17 @@ class LocalProvider(LocalNodes, Provider):
                 self._start_slurmd(cluster, node)
             if settings.MTC_LOCAL_NODE_AGENTS:
                 self.start_node_agent(cluster, node, interval=settings.MTC_AGENT_INTERVAL_S)
+
+    def _protect(self, root: Path, nodes: list[Node]) -> None:
+        """Jobs run as their owners under these daemons: they may pass through to what
+        they need by its path (slurm.conf, the munge socket, their node's folder), list
+        nothing, and read no log, state, key or token."""
+        modes = {root.parent: 0o711, root: 0o711, root / "etc": 0o711, root / "run": 0o711}
+        modes.update({root / "log": 0o700, root / "state": 0o700, root / "nodes": 0o711})
+        modes.update({root / "nodes" / n.name: 0o711 for n in nodes})
+        for path, mode in modes.items():
+            if path.exists() and path.stat().st_mode & 0o777 != mode:
+                os.chmod(path, mode)
 
     def wait_ready(self, cluster: Cluster, names: list[str], *, timeout: float = 60) -> None:
         client = self.slurm(cluster)

@@ -153,8 +153,7 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
         return path
 
     def _agent_env(self, cluster: Cluster, node: Node) -> dict[str, str]:
-        env = dict(
-            os.environ,
+        env = procs.daemon_env(  # none of mtc's secrets (procs.DAEMON_ENV_ALLOW)
             MTC_NODE=node.name,
             SLURM_CONF=str(self.conf_path(cluster)),
             MTC_NODE_DIR=str(self.node_dir(cluster, node.name)),

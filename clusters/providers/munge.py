@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from mtc.secretfile import private_append, secret_create
+
 from . import procs
 from .base import ProviderError
 
@@ -28,8 +30,7 @@ def key(root: Path) -> bytes:
     path = root / "etc" / "munge.key"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(1024))
-        path.chmod(0o400)
+        secret_create(path, os.urandom(1024), mode=0o400)
     return path.read_bytes()
 
 
@@ -46,7 +47,7 @@ def ensure(root: Path) -> None:
         (root / sub).mkdir(parents=True, exist_ok=True)
     socket = socket_path(root)
     Path(socket).unlink(missing_ok=True)
-    with open(root / "log" / "daemons.out", "ab") as out:
+    with private_append(root / "log" / "daemons.out") as out:
         proc = subprocess.run(
             [
                 "munged",
@@ -60,6 +61,7 @@ def ensure(root: Path) -> None:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
+            env=procs.daemon_env(),
             timeout=30,
             check=False,
             start_new_session=True,

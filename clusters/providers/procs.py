@@ -77,3 +77,16 @@ def stop(pids: list[int], *, timeout: float = 10.0) -> list[int]:
             pass
     time.sleep(0.05)
     return [p for p in alive if is_running(p)]
+
+
+# What a daemon mtc starts may inherit from mtc: nothing secret (no MTC_*, no
+# DATABASE_URL, no admin password). Jobs run under these daemons; /proc/<pid>/environ
+# must not tell anyone what mtc knows.
+DAEMON_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+def daemon_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in DAEMON_ENV_ALLOW}
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env.update(extra)
+    return env

@@ -12,5 +12,5 @@ class AccountData:
 
 
 class IdentityMissing(Exception):
-    """The user has no POSIX identity in the configured source (HTTP 403, message names
-    what is missing)."""
+    """The user has no POSIX identity in the configured source (HTTP 403, message
+    names what is missing)."""

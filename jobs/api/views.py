@@ -7,6 +7,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from clusters.models import Cluster
+from identity.sources.base import IdentityMissing
 from mtc.api.errors import ApiError
 from mtc.fielderrors import FieldErrors
 from slurm import SlurmError
@@ -48,6 +49,10 @@ def job_errors(invalid: str = "Invalid job"):
         ) from exc
     except SlurmError as exc:
         raise slurm_error(exc) from exc
+    except IdentityMissing as exc:  # no POSIX account to run the job as
+        raise ApiError(
+            code="PERMISSION_DENIED", message=str(exc), status_code=status.HTTP_403_FORBIDDEN
+        ) from exc
 
 
 class ClusterJobsMixin:
