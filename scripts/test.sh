@@ -6,6 +6,12 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 
 TEST_TMP=$(mktemp -d /tmp/mtc-test.XXXXXX)
+# Jobs run as their owners' accounts: they pass through (never list) the run's dir.
+chmod 0711 "$TEST_TMP"
+# Each run makes its Unix accounts in its own block of 200 uids, so runs side by side
+# never share one; cleanup removes the block's accounts.
+UID_BLOCK=$(( 30000 + ( $(printf '%s' "$TEST_TMP" | cksum | cut -d' ' -f1) % 150 ) * 200 ))
+export MTC_UID_RANGE="$UID_BLOCK-$((UID_BLOCK + 199))"
 export MTC_DATA_DIR="$TEST_TMP/data"
 export MTC_CELERY_EAGER=1
 # Tests run node checks on demand; agent daemons on every test node would only
@@ -29,6 +35,10 @@ if left:
     print(f"test: stopping {len(left)} leftover process(es)")
     procs.stop(left)
 PYEOF
+  getent passwd | awk -F: -v lo="$UID_BLOCK" -v hi="$((UID_BLOCK + 199))" \
+    '$3 >= lo && $3 <= hi {print $1}' | while read -r name; do
+    userdel "$name" 2>/dev/null; groupdel "$name" 2>/dev/null
+  done
   rm -rf "$TEST_TMP"
 }
 trap cleanup EXIT

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import grimp
 
-PACKAGES = ("mtc", "identity", "slurm", "clusters", "jobs", "recipes", "health", "registry", "serving", "node")
+PACKAGES = (
+    "mtc",
+    "identity",
+    "slurm",
+    "clusters",
+    "jobs",
+    "recipes",
+    "health",
+    "registry",
+    "serving",
+    "node",
+)
 
 
 def _circles(graph) -> list[list[str]]:
