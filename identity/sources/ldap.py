@@ -122,7 +122,7 @@ def account_materialise(data: AccountData) -> None:
                 "-s",
                 "/bin/bash",
                 "-c",
-                "mtc: from the directory",
+                "mtc, from the directory",
                 data.name,
             ],  # fmt: skip
             ok_if=lambda: _check_existing(data) or _uid_exists(data.uid),
