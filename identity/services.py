@@ -56,5 +56,8 @@ def account_ensure(*, user) -> PosixAccount:
     if mode == "ldap":
         from .sources import ldap  # the directory source, only where it is configured
 
-        return _store(user, ldap.account_data(user=user), mode)
+        data = ldap.account_data(user)
+        # slurmd resolves the uid on this host, which has no nss-ldap: make it exist here.
+        ldap.account_materialise(data)
+        return _store(user, data, mode)
     raise IdentityMissing(f"unknown MTC_IDENTITY {mode!r}")

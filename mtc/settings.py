@@ -233,6 +233,21 @@ MTC_GCE_RETRIES = int(os.environ.get("MTC_GCE_RETRIES", "4"))
 MTC_GCE_OPERATION_TIMEOUT_S = float(os.environ.get("MTC_GCE_OPERATION_TIMEOUT_S", "900"))
 MTC_GCE_READY_TIMEOUT_S = float(os.environ.get("MTC_GCE_READY_TIMEOUT_S", "1800"))
 
+# The `ldap` source: people sign in with their directory password (django-auth-ldap) and
+# their posixAccount entry is their identity. mtc binds as MTC_LDAP_BIND_DN to look them up.
+MTC_LDAP_URI = os.environ.get("MTC_LDAP_URI", "ldap://127.0.0.1:389/")
+MTC_LDAP_BIND_DN = os.environ.get("MTC_LDAP_BIND_DN", "")
+MTC_LDAP_BIND_PASSWORD = os.environ.get("MTC_LDAP_BIND_PASSWORD", "")
+MTC_LDAP_USER_BASE = os.environ.get("MTC_LDAP_USER_BASE", "")
+MTC_LDAP_USER_FILTER = os.environ.get("MTC_LDAP_USER_FILTER", "(uid=%(user)s)")
+MTC_LDAP_TIMEOUT_S = float(os.environ.get("MTC_LDAP_TIMEOUT_S", "5"))
+if MTC_IDENTITY == "ldap":
+    # The directory first; ModelBackend stays for the local admin `make run` creates.
+    AUTHENTICATION_BACKENDS = [
+        "identity.ldap_backend.DirectoryBackend",
+        "django.contrib.auth.backends.ModelBackend",
+    ]
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
