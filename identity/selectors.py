@@ -14,7 +14,7 @@ MODES = ("local", "ldap", "single-user")
 
 
 def identity_mode() -> str:
-    """``settings.MTC_IDENTITY``, or "local" when mtc runs as root. Without root
+    """``settings.MTC_IDENTITY`` (unset: "single-user"). Without root
     mtc cannot start a job as anyone else, so it is "single-user" whatever is
     configured: saying so beats pretending to isolate."""
     configured = getattr(settings, "MTC_IDENTITY", "") or ""
@@ -22,7 +22,9 @@ def identity_mode() -> str:
         if configured not in ("", "single-user"):
             log.warning("MTC_IDENTITY=%s needs root; running single-user", configured)
         return "single-user"
-    return configured or "local"
+    # Unset means single-user for now: local accounts isolate plain jobs, but recipe and
+    # replica jobs need mtc's Python and code readable by those accounts (README, Identity).
+    return configured or "single-user"
 
 
 def identity_isolated() -> bool:

@@ -1,0 +1,83 @@
+"""Jobs run as their owner's own Unix account (MTC_IDENTITY=local) on a real local
+cluster: the job sees its own uid, owns its files, and cannot read mtc's secrets or
+touch another user's job."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from django.conf import settings as django_settings
+
+from clusters import services as cluster_services
+from clusters.models import Cluster
+from identity.models import PosixAccount
+from jobs.models import Job
+from jobs.sync import jobs_sync
+
+from ..conftest import cluster_root, make_spec
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def cluster(local_clusters, settings):
+    settings.MTC_IDENTITY = "local"
+    cluster_services.cluster_create(spec=make_spec("idn", nodes=2))
+    return Cluster.objects.get(cluster_id="idn")
+
+
+def wait_state(cluster, job_id: str, states: set[str], timeout: float = 30) -> Job:
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs_sync(cluster=cluster)
+        job = Job.objects.get(cluster=cluster, job_id=job_id)
+        if job.state in states:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} stuck in {job.state}"
+        time.sleep(0.2)
+
+
+def submit(api, script: str, name: str) -> dict:
+    response = api.post(
+        "/api/v1/clusters/idn/jobs", {"name": name, "script": script}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def output(api, job_id: str, stream: str) -> str:
+    response = api.get(f"/api/v1/clusters/idn/jobs/{job_id}/output?stream={stream}")
+    assert response.status_code == 200, response.content
+    return response.json()["data"]
+
+
+def test_a_users_job_runs_as_their_account_and_cannot_reach_mtcs_secrets(cluster, user_api, user):
+    data = django_settings.DATA_DIR
+    token = next((cluster_root("idn") / "nodes").glob("*/agent.token"), None) or (
+        cluster_root("idn") / "nodes" / "idn-gpu-0" / "agent.token"
+    )
+    secrets = [data / "test.sqlite3", data / "secret_key", token]
+    script = "#!/bin/bash\nid -u\n" + "".join(f"cat {path} >/dev/null\n" for path in secrets)
+    job = submit(user_api, script, "whoami")
+    done = wait_state(cluster, job["job_id"], {"COMPLETED", "FAILED"})
+    account = PosixAccount.objects.get(user=user)
+    assert account.uid != 0
+    assert output(user_api, job["job_id"], "stdout").split()[0] == str(account.uid)
+    assert done.user == account.name
+    errors = output(user_api, job["job_id"], "stderr")
+    for path in secrets:
+        assert f"cat: {path}: Permission denied" in errors, errors
+    # Its output file is the owner's.
+    outputs = list((cluster_root("idn") / "users" / account.name / "output").iterdir())
+    assert outputs and all(os.stat(p).st_uid == account.uid for p in outputs)
+
+
+def test_a_job_cannot_cancel_another_users_job(cluster, user_api, operator_api):
+    victim = submit(operator_api, "#!/bin/bash\nsleep 120\n", "victim")
+    wait_state(cluster, victim["job_id"], {"RUNNING"})
+    attacker = submit(user_api, f"#!/bin/bash\nscancel {victim['job_id']}\necho rc=$?\n", "x")
+    wait_state(cluster, attacker["job_id"], {"COMPLETED", "FAILED"})
+    assert "rc=0" not in output(user_api, attacker["job_id"], "stdout")
+    assert wait_state(cluster, victim["job_id"], {"RUNNING"}).state == "RUNNING"
