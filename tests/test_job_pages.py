@@ -241,7 +241,9 @@ def test_queue_query_count_does_not_grow_with_jobs(staff_client, operator, user,
     make_jobs(cluster, 195, first=6, owner=operator)
     assert query_count(staff_client, url) == few
     assert query_count(staff_client, url + "?state=RUNNING&name=train&sort=name&page=2") == few
-    assert few <= 5  # session, user, cluster, state counts, one page of rows
+    # session, user, cluster, state counts, one page of rows; full pages add the nav's
+    # Repairs badge (one count of repairs, for operators).
+    assert few <= (5 if url.endswith("fragment/") else 6)
 
 
 def test_queue_does_not_load_scripts_or_count_separately(staff_client, operator):
@@ -253,7 +255,7 @@ def test_queue_does_not_load_scripts_or_count_separately(staff_client, operator)
     row_queries = [s for s in sql if "jobs_job" in s and "LIMIT" in s]
     assert len(row_queries) == 1
     assert '"script"' not in row_queries[0] and '"options"' not in row_queries[0]
-    assert not any("COUNT(*)" in s for s in sql)
+    assert not any("COUNT(*)" in s and "jobs_job" in s for s in sql)
     assert sum("GROUP BY" in s for s in sql) == 1
 
 
@@ -391,7 +393,7 @@ def test_job_page_query_count_does_not_grow_with_history(staff_client, operator)
         for i in range(50)
     )
     assert query_count(staff_client, f"/clusters/alpha/jobs/{long.job_id}/") == few
-    assert few <= 5
+    assert few <= 6  # ... and the nav's Repairs badge (operators)
 
 
 CASES = [
