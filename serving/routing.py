@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from node.replica.generation import RequestError, messages_parse, prompt_parse, sampling_parse
@@ -59,6 +60,11 @@ def request_check(body: dict, *, chat: bool, endpoint: Endpoint) -> None:
         ) from exc
 
 
+# How replicas with equally few requests in flight are ordered: at random, so load
+# spreads; tests put in a fixed order to meet a given replica first.
+tie_break: Callable[[list[Replica]], None] = random.shuffle
+
+
 def _candidates(endpoint: Endpoint) -> list[Replica]:
     """READY replicas, fewest requests in flight first (ties broken at random)."""
     replicas = list(
@@ -67,7 +73,7 @@ def _candidates(endpoint: Endpoint) -> list[Replica]:
         )
     )
     counts = traffic.inflight_counts(endpoint.pk)
-    random.shuffle(replicas)
+    tie_break(replicas)
     replicas.sort(key=lambda r: counts.get(r.number, 0))
     for replica in replicas:
         replica.endpoint = endpoint

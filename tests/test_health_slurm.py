@@ -57,8 +57,11 @@ def test_a_failing_health_check_drains_the_node_through_slurm(local_clusters):
         assert time.monotonic() < deadline, seen["hc-gpu-1"]
         time.sleep(0.3)
     assert seen["hc-gpu-1"].reason == "mtc: DISK_FULL"
-    time.sleep(2.5)  # another round on hc-gpu-0 too
+    # Wait for the round on hc-gpu-0 that saw the full disk and kept the person's drain.
+    log = root / "log" / "healthcheck-hc-gpu-0.log"
+    deadline = time.monotonic() + 30
+    while not (log.exists() and "already drained (maintenance)" in log.read_text()):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.2)
     assert {n.name: n.reason for n in client.nodes()}["hc-gpu-0"] == "maintenance"
-    log = (root / "log" / "healthcheck-hc-gpu-0.log").read_text()
-    assert "already drained (maintenance)" in log
     assert not HealthReport.objects.exists()  # Slurm's mechanism alone, not mtc's poller

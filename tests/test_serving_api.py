@@ -10,6 +10,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from clusters.models import Cluster
+from serving import routing
 from serving.autoscale import autoscale_decide, autoscale_target
 from serving.models import Endpoint, EndpointRequest, Replica
 from serving.reconcile import requests_ingest
@@ -115,7 +116,9 @@ def test_endpoints_need_a_login_and_stay_private(
     assert [e["id"] for e in listed] == [endpoint.pk] and listed[0]["model"] == "tiny"
 
 
-def test_routing_failover_figures_and_503(cluster, version, user, user_api, replica_server):
+def test_routing_failover_figures_and_503(
+    cluster, version, user, user_api, replica_server, monkeypatch
+):
     server, _token = replica_server
     host, port = server.server_address[:2]
     endpoint = endpoint_make(version, cluster, user, chat=False)
@@ -138,6 +141,8 @@ def test_routing_failover_figures_and_503(cluster, version, user, user_api, repl
     assert answered.json()["object"] == "chat.completion"
 
     # A replica that cannot be reached is marked unhealthy; the request goes elsewhere.
+    # Ties are broken newest first here, so the dead one is met on the first request.
+    monkeypatch.setattr(routing, "tie_break", lambda rs: rs.sort(key=lambda r: -r.number))
     dead = replica_make(endpoint, 2, "127.0.0.1", 9)  # the discard port: nothing listens
     for _ in range(4):
         response = user_api.post(url, {"prompt": "hi", "max_tokens": 2}, format="json")
