@@ -108,7 +108,7 @@ def test_launch_writes_run_config_and_records_the_recipe(cluster, user_api, monk
 
     seen = {}
 
-    def fake_submit(self, args, script, env):  # the Slurm boundary
+    def fake_submit(self, args, script, env, **kwargs):  # the Slurm boundary
         seen.update(args=args, script=script)
         return "41"
 
@@ -141,7 +141,7 @@ def test_null_overrides_only_where_the_default_is_none(cluster, user_api):
 def test_a_refused_submission_leaves_no_run_directory(cluster, user_api, monkeypatch, settings):
     from slurm import SlurmError, client
 
-    def refuse(self, args, script, env):
+    def refuse(self, args, script, env, **kwargs):
         raise SlurmError("Invalid partition name specified", permanent=True)
 
     monkeypatch.setattr(client.SlurmClient, "submit", refuse)

@@ -68,7 +68,7 @@ def fake_sbatch(monkeypatch):
 
     seen: dict = {}
 
-    def fake_submit(self, args, script, env):
+    def fake_submit(self, args, script, env, **kwargs):
         seen.update(args=args, script=script, env=env)
         seen["count"] = seen.get("count", 0) + 1
         return str(76 + seen["count"])
@@ -363,7 +363,7 @@ def test_slurm_errors_and_conflicts_are_form_errors(user_client, cluster, data_d
     from jobs import services
     from slurm import SlurmError, client
 
-    def refuse(self, args, script, env):
+    def refuse(self, args, script, env, **kwargs):
         raise SlurmError("sbatch: error: Batch job submission failed", permanent=True)
 
     monkeypatch.setattr(client.SlurmClient, "submit", refuse)

@@ -85,7 +85,7 @@ def fake_sbatch(monkeypatch):
 
     count = {"n": 500}
 
-    def fake_submit(self, args, script, env):
+    def fake_submit(self, args, script, env, **kwargs):
         count["n"] += 1
         return str(count["n"])
 
