@@ -132,16 +132,17 @@ def test_with_approval_required_nothing_is_repaired_until_approved(cluster, oper
 
 def test_no_repair_storm(cluster, operator_api, monkeypatch):
     """3 of 4 nodes faulted, at most a quarter of the pool in repair at any moment."""
-    from health import repair as repair_module
+    from clusters import operations
+    from clusters.choices import OperationKind
 
     seen = []
-    original = repair_module.repair_execute
+    original = operations.HANDLERS[OperationKind.REPAIR_NODE]  # health registers it
 
     def watched(operation):
         seen.append(Repair.objects.filter(cluster=cluster, state="RUNNING").count())
         return original(operation)
 
-    monkeypatch.setattr(repair_module, "repair_execute", watched)
+    monkeypatch.setitem(operations.HANDLERS, OperationKind.REPAIR_NODE, watched)
     Cluster.objects.filter(pk=cluster.pk).update(repair_requires_approval=True)
     for name in ("hx-gpu-0", "hx-gpu-1", "hx-gpu-2"):
         inject(operator_api, name, "disk")
