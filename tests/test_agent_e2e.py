@@ -16,7 +16,7 @@ import pytest
 
 from node.shim import inject, install
 
-AGENT_DIR = Path(__file__).resolve().parents[1] / "health" / "agent"
+AGENT_DIR = Path(__file__).resolve().parents[1] / "node" / "agent"
 AGENT = AGENT_DIR / "mtc_agent.py"
 CHECKS = ["disk", "gpu", "ecc", "xid", "dcgm", "speed", "correctness", "host"]
 

@@ -291,12 +291,12 @@ def test_a_crashing_check_is_an_error_not_a_crash(tmp_path, monkeypatch):
     "path",
     [
         AGENT_DIR / "mtc_agent.py",
-        AGENT_DIR / "shim" / "_shimlib.py",
-        AGENT_DIR / "shim" / "inject.py",
-        AGENT_DIR / "shim" / "install.py",
-        AGENT_DIR / "shim" / "nvidia-smi",
-        AGENT_DIR / "shim" / "dcgmi",
-        AGENT_DIR / "shim" / "mtc-gpu-check",
+        AGENT_DIR.parent / "shim" / "_shimlib.py",
+        AGENT_DIR.parent / "shim" / "inject.py",
+        AGENT_DIR.parent / "shim" / "install.py",
+        AGENT_DIR.parent / "shim" / "nvidia-smi",
+        AGENT_DIR.parent / "shim" / "dcgmi",
+        AGENT_DIR.parent / "shim" / "mtc-gpu-check",
     ],
     ids=lambda p: p.name,
 )
