@@ -313,7 +313,11 @@ def test_both_paths_make_the_same_job_on_a_real_cluster(local_clusters, user, tm
     provider = get_provider("local")
     sock = provider.rest_socket(cluster)
     assert provider._slurmrestd_pid(cluster)
-    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    # slurmrestd (as its own unprivileged user) makes the socket; the directory it sits
+    # in is that user's alone, so no job's user can reach it.
+    socket_dir = os.stat(os.path.dirname(sock))
+    assert stat.S_IMODE(socket_dir.st_mode) == 0o700
+    assert socket_dir.st_uid == os.stat(sock).st_uid != os.getuid()
     rest = provider.slurm(cluster)
     sbatch = SlurmClient(rest.conf_path)
 

@@ -78,7 +78,8 @@ class LocalProvider(LocalNodes, Provider):
         if len(path) < 100:  # AF_UNIX paths are limited to 108 bytes
             return path
         digest = hashlib.sha1(path.encode()).hexdigest()[:16]
-        return f"/tmp/mtc-slurmrestd-{digest}.sock"
+        # Still a directory of its own: _start_slurmrestd hands it to slurmrestd's user.
+        return f"/tmp/mtc-slurmrestd-{digest}/slurmrestd.sock"
 
     def slurm(self, cluster: Cluster) -> SlurmClient:
         # Submits try slurmrestd first; a missing or dead socket falls back to sbatch.

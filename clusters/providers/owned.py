@@ -118,7 +118,7 @@ def cluster_owned(root: Path) -> set[int]:
     owned = {
         _checked(run / "slurmctld.pid", "slurmctld", conf),
         _checked(run / "munged.pid", "munged", str(run / "munge.sock")),
-        _checked(run / "slurmrestd.pid", "slurmrestd", str(run / "slurmrestd.sock")),
+        _checked(run / "slurmrestd.pid", "slurmrestd", conf),
     }
     pids = {pid for pid in owned if pid}
     nodes = root / "nodes"
