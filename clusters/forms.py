@@ -85,11 +85,11 @@ def parse_key_values(
             problems.append(f"Line {number}: write key=value.")
             continue
         key, value = (part.strip() for part in line.split("=", 1))
-        if not key_re.match(key):
+        if not key_re.fullmatch(key):
             problems.append(f"Line {number}: '{key}' is not a valid key ({key_hint}).")
         elif reserved and key.lower() in reserved:
             problems.append(f"Line {number}: mtc manages '{key}' itself.")
-        elif not value_re.match(value):
+        elif not value_re.fullmatch(value):
             problems.append(f"Line {number}: '{value}' is not a valid value ({value_hint}).")
         elif key in out:
             problems.append(f"Line {number}: '{key}' is given twice.")
@@ -137,7 +137,7 @@ def parse_partitions(text: str) -> list[dict]:
         default = name.endswith("*")
         name = name.rstrip("*").strip()
         pool_ids = [p.strip() for p in pools.split(",") if p.strip()]
-        if not ID_RE.match(name):
+        if not ID_RE.fullmatch(name):
             problems.append(f"Line {number}: '{name}' is not a valid partition id ({ID_HELP}).")
             continue
         if not pool_ids:
@@ -193,7 +193,7 @@ class BasicsForm(forms.Form):
 
     def clean_zone(self) -> str:
         zone = self.cleaned_data["zone"].strip()
-        if zone and not ZONE_RE.match(zone):
+        if zone and not ZONE_RE.fullmatch(zone):
             raise forms.ValidationError("A zone such as us-central1-a.")
         return zone
 

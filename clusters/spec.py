@@ -111,7 +111,7 @@ class _Checker:
         if choices is not None and value not in choices:
             self.fail(path, f"Must be one of: {', '.join(map(str, choices))}.")
             return None
-        if pattern is not None and not pattern.match(value):
+        if pattern is not None and not pattern.fullmatch(value):
             self.fail(path, hint or f"Must match {pattern.pattern}.")
             return None
         return value
@@ -162,9 +162,9 @@ def _check_labels(c: _Checker, labels: Any, path: str) -> dict:
     if len(labels) > 64:
         c.fail(path, "At most 64 labels.")
     for key, value in labels.items():
-        if not LABEL_KEY_RE.match(str(key)):
+        if not LABEL_KEY_RE.fullmatch(str(key)):
             c.fail(f"{path}.{key}", "Label keys are lowercase letters, digits, _ and -.")
-        elif not isinstance(value, str) or not LABEL_VALUE_RE.match(value):
+        elif not isinstance(value, str) or not LABEL_VALUE_RE.fullmatch(value):
             c.fail(f"{path}.{key}", "Label values are lowercase letters, digits, _ and - (≤63).")
     return labels
 
@@ -463,13 +463,13 @@ def _check_slurm(c: _Checker, orchestrator: Any, pools: dict[str, dict]) -> None
     overrides = c.obj(slurm.get("config_overrides"), f"{base}.config_overrides", required=False)
     for key, value in (overrides or {}).items():
         opath = f"{base}.config_overrides.{key}"
-        if not SLURM_KEY_RE.match(str(key)):
+        if not SLURM_KEY_RE.fullmatch(str(key)):
             c.fail(opath, "Slurm parameter names are letters and digits.")
         elif key.lower() in RESERVED_SLURM_KEYS:
             c.fail(opath, "mtc manages this Slurm parameter itself.")
         elif not isinstance(value, (str, int)) or isinstance(value, bool):
             c.fail(opath, "Must be a string or an integer.")
-        elif not re.match(r"^[A-Za-z0-9_.,:=/+@%-]{1,200}$", str(value)):
+        elif not re.fullmatch(r"[A-Za-z0-9_.,:=/+@%-]{1,200}", str(value)):
             c.fail(opath, "Value may hold letters, digits and _.,:=/+@%- only (no spaces).")
 
 

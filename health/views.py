@@ -243,7 +243,7 @@ def _attach_jobs(repairs) -> None:
                     {
                         "job_id": job_id,
                         "steps_lost": item.get("steps_lost"),
-                        "linkable": bool(JOB_ID_RE.match(job_id)),
+                        "linkable": bool(JOB_ID_RE.fullmatch(job_id)),
                     }
                 )
         repair.jobs = jobs

@@ -61,7 +61,7 @@ def _cluster_or_404(cluster_id: str) -> Cluster:
 
 
 def _job_or_404(request, cluster: Cluster, job_id: str, *, events: bool = False) -> Job:
-    if not JOB_ID_RE.match(job_id):
+    if not JOB_ID_RE.fullmatch(job_id):
         raise Http404("A job id looks like 123 or 123_4.")
     qs = selectors.jobs_visible_to(request.user, cluster)
     if events:

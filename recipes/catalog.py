@@ -60,7 +60,7 @@ class Param:
                 return None, f"A registered version is named {REF_HELP}"
             return value, None
         if self.kind in ("path", "checkpoint") and (
-            not PATH_RE.match(value) or ".." in value.split("/")
+            not PATH_RE.fullmatch(value) or ".." in value.split("/")
         ):
             return None, "Must be an absolute path of letters, digits and ._/+- without '..'."
         if self.kind == "str" and (len(value) > 200 or not value.isprintable()):

@@ -167,7 +167,7 @@ def _resolve(user, job_values: list[str], version_values: list[str]) -> Comparis
 
     job_refs: dict[str, tuple[str, str]] = {}
     for key in job_keys:
-        if m := JOB_REF_RE.match(key):
+        if m := JOB_REF_RE.fullmatch(key):
             job_refs[key] = (m["cluster"], m["job"])
         else:
             comparison.problems.append(
@@ -175,7 +175,7 @@ def _resolve(user, job_values: list[str], version_values: list[str]) -> Comparis
             )
     version_refs: dict[str, tuple[str, int]] = {}
     for key in version_keys:
-        if m := VERSION_REF_RE.match(key):
+        if m := VERSION_REF_RE.fullmatch(key):
             version_refs[key] = (m["model"], int(m["number"]))
         else:
             comparison.problems.append(

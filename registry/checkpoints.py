@@ -22,7 +22,7 @@ def _marker_step(step_dir: Path) -> int | None:
 
 def checkpoint_is_complete(step_dir: Path) -> bool:
     """A step directory whose COMPLETE marker names its own step."""
-    m = STEP_RE.match(step_dir.name)
+    m = STEP_RE.fullmatch(step_dir.name)
     return bool(m) and step_dir.is_dir() and _marker_step(step_dir) == int(m.group(1))
 
 
@@ -32,7 +32,7 @@ def final_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     if not root.is_dir():
         return None
     steps = sorted(
-        ((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_RE.match(p.name))),
+        ((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_RE.fullmatch(p.name))),
         reverse=True,
     )
     return next((p for _, p in steps if checkpoint_is_complete(p)), None)

@@ -24,7 +24,7 @@ def is_model_ref(value: str) -> bool:
 
 def model_ref_parse(value: str) -> tuple[str, str | int] | None:
     """``models/foo@3`` → ("foo", 3); ``models/foo@prod`` → ("foo", "prod"); else None."""
-    m = MODEL_REF_RE.match(value)
+    m = MODEL_REF_RE.fullmatch(value)
     if m is None:
         return None
     ref = m.group("ref")
@@ -32,4 +32,4 @@ def model_ref_parse(value: str) -> tuple[str, str | int] | None:
 
 
 def model_name_valid(value: str) -> bool:
-    return re.match(NAME_RE, value) is not None
+    return re.fullmatch(NAME_RE, value) is not None

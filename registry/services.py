@@ -261,7 +261,7 @@ def alias_set(*, model: Model, alias: str, number: int | None, actor) -> ModelAl
     """Point ``alias`` at version ``number`` (moving it if it pointed elsewhere), or
     remove it when ``number`` is None."""
     _check_write(actor, model)
-    if not isinstance(alias, str) or not re.match(ALIAS_RE, alias):
+    if not isinstance(alias, str) or not re.fullmatch(ALIAS_RE, alias):
         raise RegistryError(
             "Invalid alias.", {"alias": "Lower-case letter first, then a-z 0-9 _ -; 32 at most."}
         )

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # slurmrestd: each local cluster runs one, on a unix socket, for fast job submits.
 # slurm-wlm-jwt-plugin: slurmctld's auth/jwt, for submits as their owner through slurmrestd.
 # slapd + ldap-utils: the tests' private directory; libldap2-dev libsasl2-dev: python-ldap builds.
-PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev)
+PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev python3-dev)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -20,7 +20,20 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-PY=${PYTHON:-python3}
+# Jobs run as their owners' own accounts and use this .venv (torch, the node runtime):
+# its interpreter must be one every account may run, so Debian's /usr/bin/python3 comes
+# first (a pyenv or conda python under /root is out of reach of other users).
+PY=${PYTHON:-}
+if [[ -z $PY ]]; then
+  PY=python3
+  [[ -x /usr/bin/python3 ]] && PY=/usr/bin/python3
+fi
+base_home=$(sed -n 's/^home = //p' .venv/pyvenv.cfg 2>/dev/null || true)
+want_home=$(dirname "$(command -v "$PY")")
+if [[ -x .venv/bin/python && -n $base_home && $base_home != "$want_home" && -z ${PYTHON:-} ]]; then
+  echo "setup: .venv was made from $base_home; remaking it from $want_home"
+  rm -rf .venv
+fi
 if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
 fi

@@ -117,7 +117,7 @@ def version_resolve(model_name: Any, ref: Any, errors: dict) -> tuple[ModelVersi
     if isinstance(ref, int) and not isinstance(ref, bool):
         version = ModelVersion.objects.filter(model=model, number=ref).first()
         missing = f"Model '{model.name}' has no version {ref}."
-    elif isinstance(ref, str) and ALIAS_RE.match(ref):
+    elif isinstance(ref, str) and ALIAS_RE.fullmatch(ref):
         alias = ref
         found = ModelAlias.objects.filter(model=model, alias=ref).select_related("version").first()
         version = found.version if found else None
@@ -154,7 +154,7 @@ def endpoint_validate(data: Any) -> DeployPlan:
             errors["cluster"] = f"Cluster '{cluster_id}' is {cluster.state}; it must be RUNNING."
 
     name = data.get("name") or ""
-    if name and (not isinstance(name, str) or not NAME_RE.match(name)):
+    if name and (not isinstance(name, str) or not NAME_RE.fullmatch(name)):
         errors["name"] = "Lower-case letters, digits, '.', '_' and '-' (up to 63)."
     limit = conf.max_replicas_limit()
     low = _int(data, "min_replicas", errors, default=1, low=1, high=limit)

@@ -126,7 +126,7 @@ class SlurmClient:
 
     def node_jobs(self, name: str) -> list[str]:
         """Ids of the jobs Slurm has on one node now."""
-        if not NODE_NAME_RE.match(name):
+        if not NODE_NAME_RE.fullmatch(name):
             raise SlurmError(f"invalid node name {name!r}", permanent=True)
         proc = self.run(["squeue", "--noheader", f"--nodelist={name}", "--format=%i"], check=False)
         return proc.stdout.split()
@@ -134,17 +134,29 @@ class SlurmClient:
     # --- writes ----------------------------------------------------------
     def node_update(self, names: list[str], *, state: str, reason: str = "") -> None:
         for name in names:
-            if not NODE_NAME_RE.match(name):
+            if not NODE_NAME_RE.fullmatch(name):
                 raise SlurmError(f"invalid node name {name!r}", permanent=True)
         args = ["scontrol", "update", f"NodeName={','.join(names)}", f"State={state}"]
         if reason:
             args.append(f"Reason={reason}")
-        self.run(args)
+        try:
+            self.run(args)
+        except SlurmError as exc:
+            # Slurm refuses RESUME for a node that is neither down nor drained. With
+            # ReturnToService=2 a DOWN node comes back on its own when slurmd
+            # registers, so "already back" is the outcome RESUME asked for.
+            if state.upper() != "RESUME" or "invalid node state" not in str(exc).lower():
+                raise
+            wanted = set(names)
+            if any(
+                n.state == "DOWN" or "DRAIN" in n.flags for n in self.nodes() if n.name in wanted
+            ):
+                raise
 
     def node_delete(self, names: list[str]) -> None:
         """Forget dynamic nodes (cloud clusters) once their machines are gone."""
         for name in names:
-            if not NODE_NAME_RE.match(name):
+            if not NODE_NAME_RE.fullmatch(name):
                 raise SlurmError(f"invalid node name {name!r}", permanent=True)
         if names:
             self.run(["scontrol", "delete", f"NodeName={','.join(names)}"])
@@ -179,7 +191,7 @@ class SlurmClient:
         """One job from the queue, or None when slurmctld no longer knows it."""
         from .queue import JOB_ID_RE, SQUEUE_FORMAT, parse_squeue
 
-        if not JOB_ID_RE.match(job_id):
+        if not JOB_ID_RE.fullmatch(job_id):
             raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
         proc = self.run(
             [
@@ -270,7 +282,7 @@ class SlurmClient:
         """cancel, requeue, hold or release one job."""
         from .queue import JOB_ID_RE
 
-        if not JOB_ID_RE.match(job_id):
+        if not JOB_ID_RE.fullmatch(job_id):
             raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
         commands = {
             "cancel": ["scancel", job_id],

@@ -96,7 +96,7 @@ def parse_squeue(text: str) -> list[QueueJob]:
             continue
         row = dict(zip((attr for _, attr in FIELDS), parts, strict=False))
         job_id = row["job_id"].strip()
-        if not JOB_ID_RE.match(job_id):
+        if not JOB_ID_RE.fullmatch(job_id):
             continue  # a pending array's summary line such as 12_[0-99]
         number, _, task = job_id.partition("_")
         jobs.append(

@@ -115,7 +115,7 @@ def validate_submission(
 
     partition = data.get("partition", "")
     if partition:
-        if not isinstance(partition, str) or not PARTITION_RE.match(partition):
+        if not isinstance(partition, str) or not PARTITION_RE.fullmatch(partition):
             errors["partition"] = "Partition names are letters, digits, _ and -."
         elif partition not in partitions:
             errors["partition"] = f"No partition '{partition}'; this cluster has: " + ", ".join(
@@ -131,7 +131,7 @@ def validate_submission(
     if time_limit != "":
         if isinstance(time_limit, int) and not isinstance(time_limit, bool) and time_limit > 0:
             time_limit = str(time_limit)
-        if not isinstance(time_limit, str) or not TIME_RE.match(time_limit):
+        if not isinstance(time_limit, str) or not TIME_RE.fullmatch(time_limit):
             errors["time_limit"] = "Use minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]."
 
     env = data.get("env", {}) or {}
@@ -139,7 +139,7 @@ def validate_submission(
         errors["env"] = "Must be an object of NAME: value."
         env = {}
     for key, value in env.items():
-        if not ENV_NAME_RE.match(str(key)):
+        if not ENV_NAME_RE.fullmatch(str(key)):
             errors[f"env.{key}"] = "Names are letters, digits and _, not starting with a digit."
         elif ENV_RESERVED.match(key):
             errors[f"env.{key}"] = "This variable is set by Slurm or mtc."
@@ -153,12 +153,12 @@ def validate_submission(
         errors["requeue"] = "Must be true or false."
 
     dependency = data.get("dependency", "")
-    if dependency and (not isinstance(dependency, str) or not DEPENDENCY_RE.match(dependency)):
+    if dependency and (not isinstance(dependency, str) or not DEPENDENCY_RE.fullmatch(dependency)):
         errors["dependency"] = "Use Slurm's form, e.g. afterok:123 or afterany:12_3,singleton."
 
     array = data.get("array", "")
     if array:
-        if not isinstance(array, str) or not ARRAY_RE.match(array):
+        if not isinstance(array, str) or not ARRAY_RE.fullmatch(array):
             errors["array"] = "Use Slurm's form, e.g. 0-99, 1,3,5 or 0-15%4."
         elif _array_size(array) > MAX_ARRAY_TASKS:
             errors["array"] = f"At most {MAX_ARRAY_TASKS} tasks."

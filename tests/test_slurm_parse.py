@@ -199,3 +199,20 @@ def test_output_chunks_never_split_a_character():
     assert _whole_characters(cut, at_end=False) == b"loss "
     assert _whole_characters(text, at_end=False) == text
     assert _whole_characters(cut, at_end=True) == cut
+
+
+def test_ids_and_names_are_matched_whole():
+    """A trailing newline slips past ``^...$`` with re.match; every check matches whole."""
+    import pytest
+
+    from slurm import SlurmError
+    from slurm.client import SlurmClient
+    from slurm.submit import SubmissionError, validate_submission
+
+    body = {"name": "x", "script": "#!/bin/bash\n", "partition": "gpu\n", "time_limit": "1:00\n"}
+    with pytest.raises(SubmissionError) as exc:
+        validate_submission(body, partitions=["gpu", "gpu\n"], max_nodes=1, max_gpus_per_node=8)
+    assert {"partition", "time_limit"} <= set(exc.value.fields)
+    client = SlurmClient.__new__(SlurmClient)  # validation comes before any command
+    with pytest.raises(SlurmError, match="invalid node name"):
+        client.node_update(["node-1\n"], state="DOWN")

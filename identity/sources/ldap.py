@@ -79,7 +79,7 @@ def account_data(user) -> AccountData:
             f"no posixAccount ({', '.join(missing or POSIX_ATTRS)}) for {_where(dn)}"
         )
     name = _first(attrs, "uid") if attrs.get("uid") else user.get_username()
-    if not POSIX_NAME.match(name):
+    if not POSIX_NAME.fullmatch(name):
         raise IdentityMissing(f"uid {name!r} of {_where(dn)} is not a valid POSIX user name")
     try:
         uid, gid = int(_first(attrs, "uidNumber")), int(_first(attrs, "gidNumber"))

@@ -61,7 +61,7 @@ class ClusterJobsMixin:
 
     def job(self) -> Job:
         job_id = self.kwargs["job_id"]
-        if not JOB_ID_RE.match(job_id):
+        if not JOB_ID_RE.fullmatch(job_id):
             raise ApiError(
                 code="INVALID_ARGUMENT",
                 message="job_id must look like 123 or 123_4.",

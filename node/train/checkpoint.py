@@ -162,7 +162,7 @@ def _prune(root: Path, keep: int, newest: int) -> None:
     done = [
         p
         for p in _step_dirs(root)
-        if int(STEP_RE.match(p.name).group(1)) <= newest and (p / MARKER).exists()
+        if int(STEP_RE.fullmatch(p.name).group(1)) <= newest and (p / MARKER).exists()
     ]
     for old in done[keep:]:
         shutil.rmtree(old, ignore_errors=True)
@@ -174,7 +174,7 @@ def _step_dirs(root: Path) -> list[Path]:
         return []
     found = []
     for p in root.iterdir():
-        m = STEP_RE.match(p.name)
+        m = STEP_RE.fullmatch(p.name)
         if m and p.is_dir():
             found.append((int(m.group(1)), p))
     return [p for _, p in sorted(found, reverse=True)]
@@ -182,7 +182,7 @@ def _step_dirs(root: Path) -> list[Path]:
 
 def checkpoint_problem(path: Path) -> str | None:
     """Why ``path`` is not a usable complete checkpoint, or None when it is."""
-    m = STEP_RE.match(path.name)
+    m = STEP_RE.fullmatch(path.name)
     marker_path = path / MARKER
     if not marker_path.exists():
         return "no COMPLETE marker (a save that did not finish)"
@@ -225,7 +225,7 @@ def checkpoint_find(root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
 def checkpoint_resolve(path: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """``init_from``: a step directory, a checkpoints directory, or a run directory."""
     p = Path(path)
-    if STEP_RE.match(p.name) and p.is_dir():
+    if STEP_RE.fullmatch(p.name) and p.is_dir():
         problem = checkpoint_problem(p)
         if problem:
             log.warning("skipping checkpoint %s: %s", p, problem)
