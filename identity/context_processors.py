@@ -1,7 +1,12 @@
-from .selectors import identity_mode
+from .selectors import identity_mode, single_user_reason
 
 
 def identity(request) -> dict:
     """The mode for every page: single-user pages carry the "not isolated" banner."""
     mode = identity_mode()
-    return {"identity_mode": mode, "identity_isolated": mode != "single-user"}
+    isolated = mode != "single-user"
+    return {
+        "identity_mode": mode,
+        "identity_isolated": isolated,
+        "identity_reason": "" if isolated else single_user_reason(),
+    }

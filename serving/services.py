@@ -14,6 +14,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from identity import paths as identity_paths
+from identity.services import IdentityMissing
 from jobs import services as job_services
 from mtc.queue import task_enqueue
 from slurm import SlurmError
@@ -95,14 +97,28 @@ def endpoint_delete(*, endpoint: Endpoint, actor) -> Endpoint:
 
 
 def replica_run_dir(endpoint: Endpoint, number: int) -> Path:
-    root = Path(settings.DATA_DIR) / "clusters" / endpoint.cluster.cluster_id / "serving"
-    return root / f"endpoint-{endpoint.pk}" / f"replica-{number}"
+    """``serving/endpoint-<pk>/replica-<n>`` in the endpoint owner's folder of the
+    cluster (their account's alone when jobs run as their owners). Raises
+    IdentityMissing when the owner has no account."""
+    account = job_services.job_account(endpoint.owner)
+    root = job_services.job_root(endpoint.cluster, account) / "serving"
+    run_dir = root / f"endpoint-{endpoint.pk}" / f"replica-{number}"
+    if account is not None and account.isolated:
+        for path in (root, run_dir.parent, run_dir):
+            identity_paths.user_dir(path, account)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
 
 
 def _token_write(path: Path, token: str) -> None:
-    """Readable by its owner only: the token is all that guards a replica's port."""
+    """Readable by the replica's account only: the token is all that guards its port.
+    The file takes the owner of its directory (the replica runs as them)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
+        folder = path.parent.stat()
+        if os.geteuid() == 0 and folder.st_uid != 0:
+            os.fchown(fh.fileno(), folder.st_uid, folder.st_gid)
         fh.write(token + "\n")
 
 
@@ -129,8 +145,13 @@ def replica_start(*, endpoint: Endpoint) -> Replica | None:
     """Submit one replica job. None (and a status message) when Slurm refuses."""
     Endpoint.objects.filter(pk=endpoint.pk).update(replica_counter=F("replica_counter") + 1)
     number = Endpoint.objects.values_list("replica_counter", flat=True).get(pk=endpoint.pk)
-    run_dir = replica_run_dir(endpoint, number)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir = replica_run_dir(endpoint, number)
+    except IdentityMissing as exc:
+        Endpoint.objects.filter(pk=endpoint.pk).update(
+            status_message=f"Could not start a replica: {exc}"[:500]
+        )
+        return None
     _token_write(run_dir / "token", endpoint.replica_token)
     job_body = {
         "name": f"serve-{endpoint.name}-r{number}",

@@ -8,6 +8,9 @@ class IdentitySerializer(serializers.Serializer):
     uid = serializers.IntegerField()
     gid = serializers.IntegerField()
     home = serializers.CharField()
+    reason = serializers.CharField(
+        help_text="Single-user only: why jobs are not isolated (empty otherwise)"
+    )
 
 
 class MeSerializer(serializers.Serializer):

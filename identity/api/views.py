@@ -5,7 +5,7 @@ from rest_framework.views import APIView
 
 from mtc.api.errors import ApiError
 
-from ..selectors import identity_mode
+from ..selectors import identity_mode, single_user_reason
 from ..services import IdentityMissing, account_ensure
 from .serializers import MeSerializer
 
@@ -30,6 +30,7 @@ class MeView(APIView):
                 "uid": account.uid,
                 "gid": account.gid,
                 "home": account.home,
+                "reason": single_user_reason(),
             },
         }
         return Response(MeSerializer(body).data)

@@ -94,7 +94,7 @@ def _add(uid: int, name: str, home: Path, username: str) -> bool:
         log.info("groupadd %s (%s) failed: %s", name, uid, proc.stderr.strip())
         return False
     args = ["useradd", "-u", str(uid), "-g", str(uid), "-M", "-d", str(home)]
-    args += ["-s", "/bin/bash", "-c", f"mtc user {username[:64]}", name]
+    args += ["-s", "/bin/bash", "-c", _comment(username), name]
     for _ in range(ATTEMPTS):
         proc = _run(args)
         if not _locked(proc):
@@ -114,6 +114,10 @@ def account_create(*, username: str, taken_uids: Iterable[int] = ()) -> AccountD
         raise IdentityMissing("local accounts need mtc to run as root")
     low, high = uid_range()
     taken = set(taken_uids)
+    adopted = _made_before(username, low, high, taken)
+    if adopted is not None:
+        _home_make(Path(adopted.home), adopted.uid)
+        return adopted
     # Start at a point derived from the name: concurrent creators rarely race.
     span = high - low + 1
     start = int(hashlib.sha1(username.encode()).hexdigest(), 16) % span
@@ -129,11 +133,37 @@ def account_create(*, username: str, taken_uids: Iterable[int] = ()) -> AccountD
         home = home_root() / name
         if not _add(uid, name, home, username):
             continue
-        home.mkdir(mode=0o700, exist_ok=True)
-        os.chown(home, uid, uid)
-        os.chmod(home, 0o700)
+        _home_make(home, uid)
         return AccountData(name=name, uid=uid, gid=uid, home=str(home))
     raise IdentityMissing(f"no free uid left in MTC_UID_RANGE {low}-{high}")
+
+
+def _home_make(home: Path, uid: int) -> None:
+    if home.parent != home_root():  # not ours to make (an account of another data dir)
+        return
+    home.mkdir(mode=0o700, exist_ok=True)
+    os.chown(home, uid, uid)
+    os.chmod(home, 0o700)
+
+
+def _comment(username: str) -> str:
+    return f"mtc user {username[:64]}"
+
+
+def _made_before(username: str, low: int, high: int, taken: set[int]) -> AccountData | None:
+    """The account mtc made for this username earlier (in its range, with its comment)
+    that no user holds now, e.g. after the database was restored: the same person gets
+    their uid, and so their files, back."""
+    comment = _comment(username)
+    for entry in pwd.getpwall():
+        if (
+            entry.pw_gecos == comment
+            and low <= entry.pw_uid <= high
+            and entry.pw_uid not in taken
+            and entry.pw_gid == entry.pw_uid
+        ):
+            return AccountData(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+    return None
 
 
 def account_exists(data: AccountData) -> bool:

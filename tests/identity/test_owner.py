@@ -12,17 +12,29 @@ from django.conf import settings as django_settings
 
 from clusters import services as cluster_services
 from clusters.models import Cluster
+from identity import paths as identity_paths
 from identity.models import PosixAccount
+from identity.services import account_ensure
 from jobs.models import Job
 from jobs.sync import jobs_sync
 
-from ..conftest import cluster_root, make_spec
+from ..conftest import cluster_processes, cluster_root, make_spec
 
 pytestmark = pytest.mark.slurm
 
 
+CANARIES = {"MTC_ADMIN_PASSWORD": "pw-admin-canary", "DATABASE_URL": "postgres://m:db-canary@h/m"}
+
+
 @pytest.fixture
-def cluster(local_clusters, settings):
+def secret_env(monkeypatch):
+    """mtc's environment holds secrets while it starts the cluster's daemons."""
+    for key, value in CANARIES.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.fixture
+def cluster(secret_env, local_clusters, settings):
     settings.MTC_IDENTITY = "local"
     cluster_services.cluster_create(spec=make_spec("idn", nodes=2))
     return Cluster.objects.get(cluster_id="idn")
@@ -81,3 +93,43 @@ def test_a_job_cannot_cancel_another_users_job(cluster, user_api, operator_api):
     wait_state(cluster, attacker["job_id"], {"COMPLETED", "FAILED"})
     assert "rc=0" not in output(user_api, attacker["job_id"], "stdout")
     assert wait_state(cluster, victim["job_id"], {"RUNNING"}).state == "RUNNING"
+
+
+def test_another_users_output_and_checkpoints_are_out_of_reach(
+    cluster, user_api, operator_api, operator
+):
+    theirs = submit(operator_api, "#!/bin/bash\necho private-result\n", "theirs")
+    wait_state(cluster, theirs["job_id"], {"COMPLETED"})
+    other = account_ensure(user=operator)
+    their_root = cluster_root("idn") / "users" / other.name
+    checkpoint = their_root / "runs" / "r1" / "checkpoints" / "step-000001"
+    for path in (checkpoint.parent.parent, checkpoint.parent, checkpoint):
+        identity_paths.user_dir(path, other)
+    (checkpoint / ".metadata").write_bytes(b"weights")
+    identity_paths.give(checkpoint, other)
+    their_output = next((their_root / "output").iterdir())
+    targets = [their_output, checkpoint / ".metadata", their_root / "runs"]
+    script = "#!/bin/bash\n" + "".join(f"cat {path}\n" for path in targets[:2])
+    script += f"ls {targets[2]}\n"
+    job = submit(user_api, script, "snoop")
+    wait_state(cluster, job["job_id"], {"COMPLETED", "FAILED"})
+    assert "private-result" not in output(user_api, job["job_id"], "stdout")
+    errors = output(user_api, job["job_id"], "stderr")
+    for path in targets:
+        denied = [line for line in errors.splitlines() if str(path) in line]
+        assert denied and denied[0].endswith("Permission denied"), errors
+
+
+def test_the_daemons_environment_holds_none_of_mtcs_secrets(cluster):
+    daemons = [
+        pid
+        for pid in cluster_processes("idn")
+        if open(f"/proc/{pid}/comm").read().strip() in ("slurmctld", "slurmd", "slurmrestd")
+    ]
+    assert {open(f"/proc/{pid}/comm").read().strip() for pid in daemons} >= {"slurmctld", "slurmd"}
+    for pid in daemons:
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        names = {item.split(b"=", 1)[0].decode() for item in environ if item}
+        assert not {n for n in names if n.startswith("MTC_") or n == "DATABASE_URL"}, names
+        for value in CANARIES.values():
+            assert value.encode() not in b"\0".join(environ)
