@@ -29,8 +29,8 @@ def demote(account: Account) -> Callable[[], None]:
     return preexec
 
 
-def run_as(account: Account, argv: list[str], **kw) -> subprocess.CompletedProcess:
-    """``subprocess.run(argv)`` as the account (argument lists only, never a shell).
+def _as_kwargs(account: Account, kw: dict) -> dict:
+    """subprocess keywords that start the child as the account (argument lists only).
     Uses subprocess's own user/group switch, which is safe in threaded processes."""
     if kw.get("shell"):
         raise ValueError("run_as takes an argument list, not a shell command")
@@ -40,4 +40,14 @@ def run_as(account: Account, argv: list[str], **kw) -> subprocess.CompletedProce
         if env is not None:
             env = {**env, "USER": account.name, "LOGNAME": account.name}
             kw["env"] = env
-    return subprocess.run(argv, **kw)
+    return kw
+
+
+def run_as(account: Account, argv: list[str], **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv)`` as the account (argument lists only, never a shell)."""
+    return subprocess.run(argv, **_as_kwargs(account, kw))
+
+
+def popen_as(account: Account, argv: list[str], **kw) -> subprocess.Popen:
+    """``subprocess.Popen(argv)`` as the account: a long-running process of theirs."""
+    return subprocess.Popen(argv, **_as_kwargs(account, kw))
