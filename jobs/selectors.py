@@ -98,11 +98,17 @@ def jobs_for_list(user, cluster: Cluster) -> QuerySet[Job]:
 
 
 def tensorboard_viewable_by(user, job_pks: list[int]) -> bool:
-    """A cluster's TensorBoard serves the runs people opened; TensorBoard cannot hide
-    runs per user, so a user may look once one of those runs is theirs (operators always)."""
+    """Each user has a TensorBoard of their own, serving only their runs: a check behind
+    the choice of instance that every run it serves is theirs (operators see all)."""
     if user.is_staff:
         return True
-    return Job.objects.filter(pk__in=job_pks, owner=user).exists()
+    return not Job.objects.filter(pk__in=job_pks).exclude(owner=user).exists()
+
+
+def tensorboard_runs_exist_for(user, cluster_id: str) -> bool:
+    """Whether the user has recipe runs on the cluster a TensorBoard could show."""
+    qs = Job.objects.filter(cluster__cluster_id=cluster_id).exclude(recipe="")
+    return user.is_staff or qs.filter(owner=user).exists()
 
 
 def jobs_by_refs(user, refs: list[tuple[str, str]]) -> dict[tuple[str, str], Job]:

@@ -19,6 +19,7 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.providers import get_provider
 from identity import paths as identity_paths
+from identity.runas import can_read
 from jobs import services
 from jobs.models import Job
 from mtc.fielderrors import FieldErrors
@@ -27,7 +28,7 @@ from registry.names import is_model_ref
 from registry.selectors import VersionRefError, register_as_problem, version_resolve
 from slurm.submit import SubmissionError
 
-from .catalog import RecipeError, recipe_get
+from .catalog import Recipe, RecipeError, recipe_get
 
 BODY_FIELDS = (
     "nodes",
@@ -123,6 +124,24 @@ def _init_from_version(params: dict[str, Any], errors: dict[str, str]) -> str | 
     return version.checkpoint_path
 
 
+def _unreadable_paths(recipe: Recipe, params: dict[str, Any], owner, errors: dict) -> None:
+    """Every path a user names is refused unless their own account may read it: the job
+    would run as them anyway, and mtc must not be the one that reads it for them. In
+    single-user mode (and for mtc's own launches) it is asked as mtc."""
+    account = services.job_account(owner)
+    who = account.name if account is not None and account.isolated else "mtc"
+    for param in recipe.params:
+        value = params.get(param.name)
+        if param.kind not in ("path", "checkpoint") or not isinstance(value, str):
+            continue
+        if is_model_ref(value) or f"overrides.{param.name}" in errors:
+            continue  # a registered version: resolved (and checked) by _init_from_version
+        if not can_read(account, value):
+            errors[f"overrides.{param.name}"] = (
+                f"Not found, or your account ({who}) may not read it."
+            )
+
+
 def _register_as(body: dict, owner, errors: dict[str, str]) -> str:
     value = body.get("register_as")
     if value is None or value == "":
@@ -162,6 +181,7 @@ def recipe_plan(
         errors.update(exc.fields)
         params = {}
     init_checkpoint = _init_from_version(params, errors)
+    _unreadable_paths(recipe, params, owner, errors)
     register_as = _register_as(body, owner, errors)
     provider = get_provider(cluster.provider)
     real_gpus = not provider.gpus_emulated

@@ -1,17 +1,23 @@
-"""One TensorBoard process per cluster, started on demand, bound to 127.0.0.1 and
-reachable only through mtc's proxy view (which requires a signed-in user).
+"""One TensorBoard process per (cluster, viewer), started on demand, bound to 127.0.0.1
+and reachable only through mtc's proxy view, which passes a signed-in person to their
+own instance alone (the URL is the same for everyone; the instance is chosen by who asks).
 
-Its state lives on disk so that every web and worker process finds the same one:
+A user's instance runs as their own account (identity.runas) and serves only their own
+jobs' runs, so the OS itself keeps it out of other users' 0700 run dirs; an operator's
+runs as mtc and may serve any run of the cluster. Its state lives on disk, so that every
+web and worker process finds the same one:
 
-    DATA_DIR/tensorboard/<cluster_id>/
-        tensorboard.pid   the process id (checked against its command line before use)
-        state.json        {"port", "runs": {run name: log dir}, "job_pks", "started"}
+    DATA_DIR/tensorboard/<cluster_id>/<viewer>/    mtc's (0711), <viewer> "all" or "u<pk>"
+        tensorboard.pid   the process id (checked against its command line and uid)
+        state.json        {"port", "uid", "runs": {run name: log dir}, "job_pks", "started"}
         last_access       its mtime is the last request the proxy passed on
         lock              flock'ed while a process is started or stopped
-        tensorboard.log   the process's own output
+        own/              the account's (0700): tensorboard.log, HOME and TMPDIR
 
-The runs it serves only grow: opening another job restarts it with the old runs and
-the new one; the beat task tensorboards_stop_idle stops it once nobody looked for a while.
+mtc's files are 0600 and the account cannot write them, so it cannot point the proxy at
+another port. The runs an instance serves only grow: opening another job restarts it with
+the old runs and the new one; the beat task tensorboards_stop_idle stops it once nobody
+looked for a while.
 """
 
 from __future__ import annotations
@@ -21,8 +27,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -34,23 +38,25 @@ from django.conf import settings
 from clusters.choices import ClusterState
 from clusters.models import Cluster
 from clusters.providers import procs
+from identity import paths as identity_paths
+from identity.services import account_ensure
 from jobs.models import Job
-from mtc.devstack import free_port, port_open
+
+from . import tensorboard_process as process
+from .tensorboard_process import TensorBoardError
+
+__all__ = ["TensorBoard", "TensorBoardError", "tensorboard_get", "tensorboard_open"]
 
 DEFAULT_IDLE_S = 15 * 60
-START_TIMEOUT_S = 30.0
-START_ATTEMPTS = 2  # a second try on a new port if another process took the first
-RELOAD_INTERVAL_S = 5  # how often TensorBoard looks for new event files
 RUN_NAME_UNSAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-class TensorBoardError(Exception):
-    """TensorBoard could not be started (its log's last lines say why)."""
+VIEWER_KEY_RE = re.compile(r"all|u[0-9]+")
+OPERATORS = "all"
 
 
 @dataclass
 class TensorBoard:
     cluster_id: str
+    viewer: str
     pid: int
     port: int
     runs: dict[str, str] = field(default_factory=dict)
@@ -67,6 +73,11 @@ def tensorboard_prefix(cluster_id: str) -> str:
     return f"/clusters/{cluster_id}/tensorboard"
 
 
+def viewer_key(viewer) -> str:
+    """Whose instance: operators share the cluster-wide one, each user has their own."""
+    return OPERATORS if viewer.is_staff else f"u{viewer.pk}"
+
+
 def idle_seconds() -> float:
     return float(getattr(settings, "MTC_TENSORBOARD_IDLE_S", DEFAULT_IDLE_S))
 
@@ -75,8 +86,8 @@ def _root() -> Path:
     return Path(settings.DATA_DIR) / "tensorboard"
 
 
-def _state_dir(cluster_id: str) -> Path:
-    return _root() / cluster_id
+def _state_dir(cluster_id: str, key: str) -> Path:
+    return _root() / cluster_id / key
 
 
 def job_logdir(job: Job) -> Path | None:
@@ -97,29 +108,41 @@ def run_name(job: Job) -> str:
     return f"{job.job_id}-{name}" if name else job.job_id
 
 
+def _title(cluster_id: str, key: str) -> str:
+    return f"mtc · {cluster_id} · {key}"
+
+
 # --- reading the state --------------------------------------------------------------------
-def _marker(cluster_id: str) -> str:
-    # The argument only this cluster's TensorBoard has (NUL ends each cmdline argument).
-    return f"--path_prefix={tensorboard_prefix(cluster_id)}\0"
+def _marker(cluster_id: str, key: str) -> str:
+    # The argument only this instance has (NUL ends each cmdline argument).
+    return f"--window_title={_title(cluster_id, key)}\0"
 
 
-def _read_state(cluster_id: str) -> dict:
+def _read_state(directory: Path) -> dict:
     try:
-        state = json.loads((_state_dir(cluster_id) / "state.json").read_text())
+        state = json.loads((directory / "state.json").read_text())
     except (OSError, ValueError):
         return {}
     return state if isinstance(state, dict) else {}
 
 
-def tensorboard_get(cluster_id: str) -> TensorBoard | None:
-    """The cluster's running TensorBoard, if its pid really is that TensorBoard."""
-    directory = _state_dir(cluster_id)
-    pid = procs.daemon_pid(directory / "tensorboard.pid", _marker(cluster_id))
-    state = _read_state(cluster_id)
+def _write(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def _get(cluster_id: str, key: str) -> TensorBoard | None:
+    directory = _state_dir(cluster_id, key)
+    pid = procs.daemon_pid(directory / "tensorboard.pid", _marker(cluster_id, key))
+    state = _read_state(directory)
     if pid is None or not isinstance(state.get("port"), int):
         return None
+    if state.get("uid") is not None and process.process_uid(pid) != state["uid"]:
+        return None  # the pid is reused by somebody else's process
     return TensorBoard(
         cluster_id=cluster_id,
+        viewer=key,
         pid=pid,
         port=state["port"],
         runs=dict(state.get("runs") or {}),
@@ -127,16 +150,20 @@ def tensorboard_get(cluster_id: str) -> TensorBoard | None:
     )
 
 
-def tensorboard_touch(cluster_id: str) -> None:
+def tensorboard_get(cluster_id: str, *, viewer) -> TensorBoard | None:
+    """The viewer's running TensorBoard on the cluster, if its pid really is that one."""
+    return _get(cluster_id, viewer_key(viewer))
+
+
+def tensorboard_touch(board: TensorBoard) -> None:
     """Record an access (the idle stop reads the file's mtime)."""
     try:
-        os.utime(_state_dir(cluster_id) / "last_access")
+        os.utime(_state_dir(board.cluster_id, board.viewer) / "last_access")
     except FileNotFoundError:
         pass
 
 
-def _last_access(cluster_id: str) -> float:
-    directory = _state_dir(cluster_id)
+def _last_access(directory: Path) -> float:
     for name in ("last_access", "state.json"):
         try:
             return (directory / name).stat().st_mtime
@@ -146,11 +173,13 @@ def _last_access(cluster_id: str) -> float:
 
 
 @contextmanager
-def _locked(cluster_id: str) -> Iterator[Path]:
-    """One starter or stopper at a time per cluster, across processes."""
-    directory = _state_dir(cluster_id)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "lock", "a") as lock:
+def _locked(cluster_id: str, key: str) -> Iterator[Path]:
+    """One starter or stopper at a time per instance, across processes."""
+    directory = _state_dir(cluster_id, key)
+    for above in (_root(), directory.parent, directory):
+        identity_paths.traverse_only(above)  # the account passes through to own/
+    fd = os.open(directory / "lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield directory
@@ -159,86 +188,34 @@ def _locked(cluster_id: str) -> Iterator[Path]:
 
 
 # --- starting and stopping ----------------------------------------------------------------
-def _command(cluster_id: str, port: int, runs: dict[str, str]) -> list[str]:
-    spec = ",".join(f"{name}:{logdir}" for name, logdir in sorted(runs.items()))
-    return [
-        sys.executable,
-        "-m",
-        "tensorboard.main",  # the venv's own module: works wherever mtc's Python does
-        f"--logdir_spec={spec}",
-        "--host=127.0.0.1",
-        f"--port={port}",
-        f"--path_prefix={tensorboard_prefix(cluster_id)}",
-        f"--reload_interval={RELOAD_INTERVAL_S}",
-        f"--window_title=mtc · {cluster_id}",
-    ]
-
-
-def _log_tail(directory: Path, lines: int = 5) -> str:
-    try:
-        text = (directory / "tensorboard.log").read_text(errors="replace")
-    except OSError:
-        return ""
-    return " | ".join(text.strip().splitlines()[-lines:])
-
-
-# The processes this process started: kept so that exited ones are collected (no zombies)
-# and not reported as left running when the interpreter ends.
-_children: dict[int, subprocess.Popen] = {}
-
-
-def _reap_children() -> None:
-    for pid, process in list(_children.items()):
-        if process.poll() is not None:
-            del _children[pid]
-
-
-def _start(directory: Path, cluster_id: str, runs: dict[str, str]) -> tuple[int, int]:
-    for _attempt in range(START_ATTEMPTS):
-        port = free_port()
-        with open(directory / "tensorboard.log", "wb") as log:
-            # Its own session: a web process that restarts (or a Ctrl-C) leaves it running,
-            # and the pid file lets the next process find it.
-            process = subprocess.Popen(
-                _command(cluster_id, port, runs),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=directory,
-                start_new_session=True,
-            )
-        _children[process.pid] = process
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and process.poll() is None:
-            if port_open("127.0.0.1", port):
-                return process.pid, port
-            time.sleep(0.1)
-        if process.poll() is None:  # still not listening: give up on it
-            procs.stop([process.pid], timeout=5)
-        process.wait(timeout=5)
-        _reap_children()
-    raise TensorBoardError(f"TensorBoard did not start: {_log_tail(directory) or 'no output'}")
-
-
-def _stop_locked(directory: Path, cluster_id: str) -> bool:
-    pid = procs.daemon_pid(directory / "tensorboard.pid", _marker(cluster_id))
+def _stop_locked(directory: Path, cluster_id: str, key: str) -> bool:
+    pid = procs.daemon_pid(directory / "tensorboard.pid", _marker(cluster_id, key))
     if pid is not None:
         procs.stop([pid], timeout=10)
-        _reap_children()
+        process.reap_children()
     for name in ("tensorboard.pid", "state.json", "last_access"):
         (directory / name).unlink(missing_ok=True)
     return pid is not None
 
 
-def tensorboard_open(*, cluster: Cluster, jobs: Iterable[Job]) -> TensorBoard:
-    """The cluster's TensorBoard serving at least these jobs' runs: the running one when
-    it has them all, else a new one with its runs and these (the old one is stopped)."""
-    wanted = {run_name(job): (str(logdir), job.pk) for job in jobs if (logdir := job_logdir(job))}
-    cluster_id = cluster.cluster_id
-    with _locked(cluster_id) as directory:
-        current = tensorboard_get(cluster_id)
+def _viewer_account(viewer):
+    """Who the instance runs as: mtc for operators, else the viewer's own account (mtc's
+    in single-user mode). Raises IdentityMissing."""
+    return None if viewer.is_staff else account_ensure(user=viewer)
+
+
+def tensorboard_open(*, cluster: Cluster, jobs: Iterable[Job], viewer) -> TensorBoard:
+    """The viewer's TensorBoard on the cluster serving at least these jobs' runs (a user's
+    own jobs only): the running one when it has them all, else a new one with its runs
+    and these (the old one is stopped)."""
+    mine = [job for job in jobs if viewer.is_staff or job.owner_id == viewer.pk]
+    wanted = {run_name(job): (str(logdir), job.pk) for job in mine if (logdir := job_logdir(job))}
+    cluster_id, key = cluster.cluster_id, viewer_key(viewer)
+    account = _viewer_account(viewer)
+    with _locked(cluster_id, key) as directory:
+        current = _get(cluster_id, key)
         if current and all(current.runs.get(n) == d for n, (d, _pk) in wanted.items()):
-            tensorboard_touch(cluster_id)
+            tensorboard_touch(current)
             return current
         runs = dict(current.runs) if current else {}
         job_pks = set(current.job_pks) if current else set()
@@ -246,33 +223,56 @@ def tensorboard_open(*, cluster: Cluster, jobs: Iterable[Job]) -> TensorBoard:
             runs[name] = logdir
             job_pks.add(pk)
         if not runs:
-            raise TensorBoardError("None of these jobs is a recipe run with event files.")
-        _stop_locked(directory, cluster_id)
-        pid, port = _start(directory, cluster_id, runs)
-        state = {"port": port, "runs": runs, "job_pks": sorted(job_pks), "started": time.time()}
-        (directory / "state.json").write_text(json.dumps(state, indent=2))
-        (directory / "tensorboard.pid").write_text(f"{pid}\n")
-        (directory / "last_access").touch()
-        return TensorBoard(cluster_id, pid, port, runs, sorted(job_pks))
+            raise TensorBoardError("None of these jobs is a recipe run of yours with event files.")
+        _stop_locked(directory, cluster_id, key)
+        own = process.own_dir(directory, account)
+        pid, port = process.start(
+            own,
+            account,
+            prefix=tensorboard_prefix(cluster_id),
+            title=_title(cluster_id, key),
+            runs=runs,
+        )
+        uid = account.uid if account is not None else os.geteuid()
+        state = {
+            "port": port,
+            "uid": uid,
+            "runs": runs,
+            "job_pks": sorted(job_pks),
+            "started": time.time(),
+        }
+        _write(directory / "state.json", json.dumps(state, indent=2))
+        _write(directory / "tensorboard.pid", f"{pid}\n")
+        _write(directory / "last_access", "")
+        return TensorBoard(cluster_id, key, pid, port, runs, sorted(job_pks))
+
+
+def _instances(cluster_id: str) -> list[str]:
+    directory = _root() / cluster_id
+    if not directory.is_dir():
+        return []
+    return sorted(p.name for p in directory.iterdir() if VIEWER_KEY_RE.fullmatch(p.name))
+
+
+def _stop(cluster_id: str, key: str) -> bool:
+    with _locked(cluster_id, key) as directory:
+        return _stop_locked(directory, cluster_id, key)
 
 
 def tensorboard_stop(cluster_id: str) -> bool:
-    """Stop the cluster's TensorBoard and forget it; True if one was running."""
-    if not _state_dir(cluster_id).is_dir():
-        return False
-    with _locked(cluster_id) as directory:
-        return _stop_locked(directory, cluster_id)
+    """Stop every TensorBoard of the cluster and forget them; True if one was running."""
+    return any([_stop(cluster_id, key) for key in _instances(cluster_id)])
 
 
 def tensorboard_stop_on_delete(sender, *, cluster_id: str, **kwargs) -> None:
-    """The cluster_deleting receiver: its TensorBoard, if it runs, stops with it."""
+    """The cluster_deleting receiver: its TensorBoards, if they run, stop with it."""
     tensorboard_stop(cluster_id)
 
 
 def tensorboards_stop_idle(*, idle_s: float) -> list[str]:
     """Stop every TensorBoard nobody used for idle_s seconds, and those of clusters that
     are gone or being deleted; forget the state of processes that died. Returns the
-    clusters whose TensorBoard was stopped."""
+    instances stopped, as "<cluster_id>/<viewer>"."""
     root = _root()
     if not root.is_dir():
         return []
@@ -284,11 +284,13 @@ def tensorboards_stop_idle(*, idle_s: float) -> list[str]:
     )
     stopped, now = [], time.time()
     for cluster_id in cluster_ids:
-        running = tensorboard_get(cluster_id) is not None
-        if running and cluster_id in live and now - _last_access(cluster_id) < idle_s:
-            continue
-        if tensorboard_stop(cluster_id):
-            stopped.append(cluster_id)
+        for key in _instances(cluster_id):
+            directory = _state_dir(cluster_id, key)
+            running = _get(cluster_id, key) is not None
+            if running and cluster_id in live and now - _last_access(directory) < idle_s:
+                continue
+            if _stop(cluster_id, key):
+                stopped.append(f"{cluster_id}/{key}")
         if cluster_id not in live:
-            shutil.rmtree(_state_dir(cluster_id), ignore_errors=True)
+            shutil.rmtree(root / cluster_id, ignore_errors=True)
     return stopped

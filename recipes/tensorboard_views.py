@@ -1,6 +1,7 @@
 """TensorBoard through mtc: "Open in TensorBoard" on a recipe job's page, and the proxy
-that passes every request under /clusters/<cluster_id>/tensorboard/ to the cluster's
-TensorBoard on 127.0.0.1 (its port comes from mtc's own state, never from the request).
+that passes every request under /clusters/<cluster_id>/tensorboard/ to the signed-in
+person's own TensorBoard of that cluster on 127.0.0.1 (which instance, and its port, come
+from the session's user and mtc's own state, never from the request).
 
 The login middleware guards both; the proxy checks again, so it never answers anonymously."""
 
@@ -15,6 +16,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
+from identity.services import IdentityMissing
 from jobs import selectors
 from jobs.views import _cluster_or_404, _job_or_404
 
@@ -47,15 +49,15 @@ FORWARD_RESPONSE_HEADERS = (
 
 @require_POST
 def tensorboard_open(request, cluster_id: str, job_id: str):
-    """Start (or reuse) the cluster's TensorBoard with this job's run, then go there."""
+    """Start (or reuse) the viewer's TensorBoard with this job's run, then go there."""
     cluster = _cluster_or_404(cluster_id)
     job = _job_or_404(request, cluster, job_id)
     if tensorboard.job_logdir(job) is None:
         messages.error(request, f"Job {job.job_id} is not a recipe run: it has no event files.")
         return redirect("jobs:detail", cluster.cluster_id, job.job_id)
     try:
-        board = tensorboard.tensorboard_open(cluster=cluster, jobs=[job])
-    except (tensorboard.TensorBoardError, OSError) as exc:
+        board = tensorboard.tensorboard_open(cluster=cluster, jobs=[job], viewer=request.user)
+    except (tensorboard.TensorBoardError, IdentityMissing, OSError) as exc:
         messages.error(request, str(exc))
         return redirect("jobs:detail", cluster.cluster_id, job.job_id)
     return redirect(f"{board.prefix}/")
@@ -93,20 +95,23 @@ def tensorboard_proxy(request, cluster_id: str, subpath: str = ""):
         return HttpResponse("Sign in to mtc first.", status=401, content_type="text/plain")
     if request.method == "POST" and not _same_origin(request):
         return HttpResponse("Cross-site request refused.", status=403, content_type="text/plain")
-    board = tensorboard.tensorboard_get(cluster_id)
+    # Only ever the asker's own instance: there is no way to name another's.
+    board = tensorboard.tensorboard_get(cluster_id, viewer=request.user)
     if board is None:
+        if not selectors.tensorboard_runs_exist_for(request.user, cluster_id):
+            return _unavailable(
+                request, cluster_id, "You have no recipe runs on this cluster to show.", 403
+            )
         return _unavailable(
             request,
             cluster_id,
-            "TensorBoard is not running for this cluster (it stops when nobody looks for a "
-            "while). Open it again from a recipe job's page.",
+            "Your TensorBoard is not running for this cluster (it stops when nobody looks "
+            "for a while). Open it again from a recipe job's page.",
             503,
         )
     if not selectors.tensorboard_viewable_by(request.user, board.job_pks):
-        return _unavailable(
-            request, cluster_id, "This TensorBoard shows only other users' runs.", 403
-        )
-    tensorboard.tensorboard_touch(cluster_id)
+        return _unavailable(request, cluster_id, "This TensorBoard is not yours.", 403)
+    tensorboard.tensorboard_touch(board)
 
     headers = {h: request.headers[h] for h in FORWARD_REQUEST_HEADERS if h in request.headers}
     body = request.body if request.method == "POST" else None

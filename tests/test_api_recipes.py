@@ -2,6 +2,7 @@
 test_recipes_e2e.py)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,157 @@ def test_a_refused_submission_leaves_no_run_directory(cluster, user_api, monkeyp
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "SLURM_REJECTED"
     assert (set(runs.iterdir()) if runs.exists() else set()) == before
+
+
+# --- paths a user names are checked as that user ---------------------------------------
+ACL_USER, ACL_USER_OBJ, ACL_GROUP_OBJ, ACL_MASK, ACL_OTHER = 0x02, 0x01, 0x04, 0x10, 0x20
+
+
+def grant_by_acl(path: Path, uid: int) -> None:
+    """A POSIX ACL entry u:<uid>:r-x on a 0700 path (setfacl's xattr, written directly:
+    Debian's acl package is not installed here)."""
+    import struct
+
+    def entry(tag: int, perm: int, ident: int = 0xFFFFFFFF) -> bytes:
+        return struct.pack("<HHI", tag, perm, ident)
+
+    acl = struct.pack("<I", 2) + b"".join(
+        (
+            entry(ACL_USER_OBJ, 7),
+            entry(ACL_USER, 5, uid),
+            entry(ACL_GROUP_OBJ, 0),
+            entry(ACL_MASK, 5),
+            entry(ACL_OTHER, 0),
+        )
+    )
+    os.setxattr(path, "system.posix_acl_access", acl)
+
+
+@pytest.fixture
+def local_identity(db, settings):
+    """MTC_IDENTITY=local; the Unix accounts the test made are removed after it."""
+    from identity.models import PosixAccount
+    from identity.sources import local
+
+    settings.MTC_IDENTITY = "local"
+    yield
+    for name in PosixAccount.objects.filter(source="local").values_list("name", flat=True):
+        local.account_delete(name)
+
+
+@pytest.fixture
+def submits(monkeypatch) -> list:
+    from slurm import client
+
+    seen: list = []
+
+    def fake_submit(self, args, script, env, **kwargs):  # the Slurm boundary
+        seen.append(args)
+        return str(60 + len(seen))
+
+    monkeypatch.setattr(client.SlurmClient, "submit", fake_submit)
+    return seen
+
+
+@pytest.fixture
+def places(settings, cluster, local_identity, django_user_model):
+    """A root-only folder (0700), a world-readable file, and another user's run dir."""
+    from identity import paths as identity_paths
+    from identity.services import account_ensure
+    from jobs.services import job_root
+
+    base = Path(settings.DATA_DIR) / "path-checks"
+    base.mkdir(mode=0o755, exist_ok=True)
+    secret = base / "secret"
+    secret.mkdir(mode=0o700)
+    (secret / "corpus.txt").write_text("mtc's own\n")
+    shared = base / "shared.txt"
+    shared.write_text("for everyone\n")
+    shared.chmod(0o644)
+    bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
+    bobs = job_root(cluster, account_ensure(user=bob)) / "runs" / "sft-1"
+    (bobs / "checkpoints").mkdir(parents=True)
+    identity_paths.give(bobs.parent, account_ensure(user=bob))
+    yield {"secret": secret, "shared": shared, "bobs": bobs / "checkpoints"}
+    import shutil
+
+    shutil.rmtree(base, ignore_errors=True)
+    shutil.rmtree(Path(settings.DATA_DIR) / "clusters" / "rc" / "users", ignore_errors=True)
+
+
+def user_runs(settings, user) -> list[Path]:
+    from identity.models import PosixAccount
+
+    name = PosixAccount.objects.get(user=user).name
+    runs = Path(settings.DATA_DIR) / "clusters" / "rc" / "users" / name / "runs"
+    return list(runs.iterdir()) if runs.exists() else []
+
+
+@pytest.mark.parametrize(
+    "recipe, field, place",
+    [
+        ("llama-pretrain", "data_path", "secret"),
+        ("sft", "data_path", "secret/corpus.txt"),
+        ("continued-pretrain", "init_from", "bobs"),
+        ("sft", "init_from", "bobs"),
+    ],
+)
+def test_a_path_the_user_cannot_read_is_refused_and_nothing_is_submitted(
+    places, user_api, user, submits, settings, recipe, field, place
+):
+    head, _, rest = place.partition("/")
+    path = places[head] / rest if rest else places[head]
+    assert path.exists()  # it is there: only the user may not read it
+    for dry_run in (True, False):
+        response = user_api.post(
+            f"/api/v1/clusters/rc/recipes/{recipe}/launch",
+            {"overrides": {field: str(path), "steps": 4}, "dry_run": dry_run},
+            format="json",
+        )
+        assert response.status_code == 400, response.content
+        fields = response.json()["error"]["fields"]
+        assert set(fields) == {f"overrides.{field}"}
+        assert "may not read it" in fields[f"overrides.{field}"]
+    assert not Job.objects.exists() and not submits
+    assert user_runs(settings, user) == []
+
+
+def test_a_path_the_user_may_read_passes_acls_included(places, user_api, user, submits):
+    from identity.models import PosixAccount
+
+    launched = user_api.post(
+        "/api/v1/clusters/rc/recipes/sft/launch",
+        {"overrides": {"data_path": str(places["shared"]), "steps": 4}},
+        format="json",
+    )
+    assert launched.status_code == 201, launched.content
+    assert Job.objects.get().parameters["data_path"] == str(places["shared"])
+    # The 0700 folder becomes readable to this user alone by an ACL entry.
+    grant_by_acl(places["secret"], PosixAccount.objects.get(user=user).uid)
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/llama-pretrain/launch",
+        {"overrides": {"data_path": str(places["secret"])}, "dry_run": True},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    assert len(submits) == 1
+
+
+def test_single_user_mode_checks_as_mtc(cluster, user_api, settings, submits):
+    missing = Path(settings.DATA_DIR) / "no-such-corpus.txt"
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/sft/launch",
+        {"overrides": {"data_path": str(missing)}},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "account (mtc)" in response.json()["error"]["fields"]["overrides.data_path"]
+    present = Path(settings.DATA_DIR) / "corpus.txt"
+    present.write_text("text\n")
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/sft/launch",
+        {"overrides": {"data_path": str(present)}, "dry_run": True},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    assert not Job.objects.exists() and not submits

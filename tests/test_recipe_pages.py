@@ -294,6 +294,31 @@ def test_bad_values_show_errors_beside_their_fields(
     assert not Job.objects.exists() and not fake_sbatch
 
 
+def test_a_path_the_user_may_not_read_is_an_error_beside_its_field(
+    user_client, cluster, data_dir, fake_sbatch, settings
+):
+    """MTC_IDENTITY=local: the path is checked as the user's own account."""
+    from identity.models import PosixAccount
+    from identity.sources import local
+
+    settings.MTC_IDENTITY = "local"
+    secret = data_dir / "secret"
+    secret.mkdir(mode=0o700)
+    try:
+        for action in ("preview", "launch"):
+            text = page(
+                user_client.post(LAUNCH, {**form_values(data_path=str(secret)), action: "1"})
+            )
+            block = field_block(text, "data_path")
+            assert "has-error" in block and "may not read it" in block
+            assert "has-error" not in field_block(text, "steps")
+            assert 'data-testid="preview-script"' not in text
+        assert not Job.objects.exists() and not fake_sbatch
+    finally:
+        for name in PosixAccount.objects.filter(source="local").values_list("name", flat=True):
+            local.account_delete(name)
+
+
 def test_job_field_errors_sit_beside_the_job_fields(user_client, cluster, data_dir):
     data = form_values(nodes="99", gpus_per_node="9", name="x\n#SBATCH --uid=0", steps="abc")
     data["preview"] = "1"
