@@ -25,13 +25,15 @@ class JobConflict(Exception):
     """The job's or cluster's state does not allow this (HTTP 409)."""
 
 
-def job_root(cluster: Cluster, account=None) -> Path:
+def job_root(cluster: Cluster, account=None, *, make: bool = True) -> Path:
     """Where a user's jobs keep their output, work and runs: ``users/<name>/`` of the
     cluster, the account's alone (0700); the cluster's own folder for mtc's jobs and
-    in single-user mode."""
+    in single-user mode. ``make=False``: only the path (a preview writes nothing)."""
     root = Path(settings.DATA_DIR) / "clusters" / cluster.cluster_id
     if account is None or not account.isolated:
         return root
+    if not make:
+        return root / "users" / account.name
     for above in (root.parent, root, root / "users"):
         identity_paths.traverse_only(above)
     return identity_paths.user_dir(root / "users" / account.name, account)

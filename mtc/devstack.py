@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from mtc.secretfile import private_append, private_dir
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -49,7 +51,8 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
-        (self.data_dir / "log").mkdir(parents=True, exist_ok=True)
+        # mtc's logs may name tokens and paths of every user: mtc's alone.
+        private_dir(self.data_dir / "log")
         base = dict(os.environ)
         base.update(self.env)
         base["MTC_DATA_DIR"] = str(self.data_dir)
@@ -62,7 +65,7 @@ class Stack:
         return sys.executable
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.data_dir / "log" / f"{name}.log", "ab")  # noqa: SIM115 - owned by child
+        log = private_append(self.data_dir / "log" / f"{name}.log")  # owned by the child
         proc = subprocess.Popen(
             args,
             cwd=BASE_DIR,
@@ -130,7 +133,8 @@ class Stack:
             f"mtc-{os.getpid()}@%h",
         ]
         if beat:
-            args += ["--beat", "--schedule", str(self.data_dir / "celerybeat-schedule")]
+            schedule = private_dir(self.data_dir / "celery") / "celerybeat-schedule"
+            args += ["--beat", "--schedule", str(schedule)]
         return self._start("worker", args)
 
     def start_web(self, port: int) -> subprocess.Popen:

@@ -178,7 +178,9 @@ CELERY_BEAT_SCHEDULE = {
     "tensorboard-idle": {"task": "recipes.tasks.tensorboards_stop_idle", "schedule": 60.0},
     "cloud-metrics-export": {"task": "health.tasks.cloud_metrics_export_all", "schedule": 60.0},
 }
-CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+# beat's shelve is created with the umask's mode: a 0700 folder keeps it mtc's alone.
+(DATA_DIR / "celery").mkdir(mode=0o700, exist_ok=True)
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celery" / "celerybeat-schedule")
 
 # Local provider limits (one host runs every node's slurmd).
 MTC_LOCAL_MAX_NODES_PER_CLUSTER = int(os.environ.get("MTC_LOCAL_MAX_NODES", "64"))

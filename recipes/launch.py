@@ -99,7 +99,7 @@ def _run_config(recipe_id: str, params: dict[str, Any], run_dir: Path, real_gpus
 def new_run_dir(cluster: Cluster, recipe_id: str, owner=None) -> Path:
     """``runs/<recipe>-<stamp>`` in the owner's folder of the cluster (job_root)."""
     stamp = f"{timezone.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-    root = services.job_root(cluster, services.job_account(owner)) / "runs"
+    root = services.job_root(cluster, services.job_account(owner), make=False) / "runs"
     return root / f"{recipe_id}-{stamp}"
 
 
@@ -253,6 +253,7 @@ def recipe_launch(
         raise LaunchError({"run_dir": "This run directory is taken; preview again."})
     account = services.job_account(owner)
     if account is not None and account.isolated:  # runs/ and the run are the owner's
+        services.job_root(cluster, account)
         identity_paths.user_dir(plan.run_dir.parent, account)
     plan.checkpoint_dir.mkdir(parents=True)
     (plan.run_dir / "run.json").write_text(json.dumps(plan.run_config, indent=2) + "\n")

@@ -230,12 +230,10 @@ def places(settings, cluster, local_identity, django_user_model):
     shutil.rmtree(Path(settings.DATA_DIR) / "clusters" / "rc" / "users", ignore_errors=True)
 
 
-def user_runs(settings, user) -> list[Path]:
-    from identity.models import PosixAccount
-
-    name = PosixAccount.objects.get(user=user).name
-    runs = Path(settings.DATA_DIR) / "clusters" / "rc" / "users" / name / "runs"
-    return list(runs.iterdir()) if runs.exists() else []
+def user_runs(settings) -> set[Path]:
+    """Every run dir of cluster rc, whoever's (earlier tests may have left theirs)."""
+    root = Path(settings.DATA_DIR) / "clusters" / "rc"
+    return set(root.glob("runs/*")) | set(root.glob("users/*/runs/*"))
 
 
 @pytest.mark.parametrize(
@@ -253,6 +251,7 @@ def test_a_path_the_user_cannot_read_is_refused_and_nothing_is_submitted(
     head, _, rest = place.partition("/")
     path = places[head] / rest if rest else places[head]
     assert path.exists()  # it is there: only the user may not read it
+    runs_before = user_runs(settings)
     for dry_run in (True, False):
         response = user_api.post(
             f"/api/v1/clusters/rc/recipes/{recipe}/launch",
@@ -264,7 +263,7 @@ def test_a_path_the_user_cannot_read_is_refused_and_nothing_is_submitted(
         assert set(fields) == {f"overrides.{field}"}
         assert "may not read it" in fields[f"overrides.{field}"]
     assert not Job.objects.exists() and not submits
-    assert user_runs(settings, user) == []
+    assert user_runs(settings) == runs_before
 
 
 def test_a_path_the_user_may_read_passes_acls_included(places, user_api, user, submits):
@@ -289,6 +288,7 @@ def test_a_path_the_user_may_read_passes_acls_included(places, user_api, user, s
 
 
 def test_single_user_mode_checks_as_mtc(cluster, user_api, settings, submits):
+    settings.MTC_IDENTITY = "single-user"
     missing = Path(settings.DATA_DIR) / "no-such-corpus.txt"
     response = user_api.post(
         "/api/v1/clusters/rc/recipes/sft/launch",

@@ -349,7 +349,8 @@ def test_launch_submits_and_redirects_to_the_job(user_client, user, cluster, dat
     config = json.loads((Path(job.checkpoint_dir).parent / "run.json").read_text())
     assert config["steps"] == 30 and config["run_dir"] == str(Path(job.checkpoint_dir).parent)
     # sbatch got the script the preview showed (but for the run directory's name).
-    run_dir = re.escape(str(data_dir / "clusters" / "rc" / "runs")) + r"/[^/\s']+"
+    # (clusters/rc/runs/ in single-user mode, clusters/rc/users/<name>/runs/ otherwise)
+    run_dir = re.escape(str(data_dir / "clusters" / "rc")) + r"(/users/[^/\s']+)?/runs/[^/\s']+"
     assert re.sub(run_dir, "RUN", fake_sbatch["script"]) == re.sub(
         run_dir, "RUN", html_lib.unescape(shown)
     )

@@ -31,6 +31,13 @@ CLUSTER_ID = "tbtest"
 PREFIX = f"/clusters/{CLUSTER_ID}/tensorboard"
 
 
+@pytest.fixture(autouse=True)
+def shared_identity(settings):
+    """The world's event files are mtc's (pytest's 0700 tmp dirs): its viewers share
+    mtc's account; the local-identity tests below set MTC_IDENTITY=local themselves."""
+    settings.MTC_IDENTITY = "single-user"
+
+
 def write_events(run_dir, losses: list[float]) -> None:
     writer = SummaryWriter(log_dir=str(run_dir / "tb"))
     for step, loss in enumerate(losses):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from mtc.secretfile import private_append
 from node.shim import inject as shim_faults
 from node.shim.install import install as shim_install
 from slurm import config as slurm_config
@@ -217,7 +218,7 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
             "--token-file",
             str(token_file),
         )
-        with open(self.root(cluster) / "log" / f"agent-{node.name}.log", "ab") as log:
+        with private_append(self.root(cluster) / "log" / f"agent-{node.name}.log") as log:
             proc = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,
