@@ -208,6 +208,10 @@ if MTC_IDENTITY not in ("", "local", "ldap", "single-user"):
         f"MTC_IDENTITY must be local, ldap or single-user, not {MTC_IDENTITY!r}"
     )
 MTC_UID_RANGE = os.environ.get("MTC_UID_RANGE", "20000-29999")
+# A version's export (python -m node.export, as the job's owner) runs under these limits:
+# its address space (the whole model is held once), and its wall-clock time.
+MTC_EXPORT_MEMORY_GB = float(os.environ.get("MTC_EXPORT_MEMORY_GB", "32"))
+MTC_EXPORT_TIMEOUT_S = float(os.environ.get("MTC_EXPORT_TIMEOUT_S", "3600"))
 
 # The provider a spec gets when it names none, and what `make run` sets up: "local"
 # (a demo cluster of Slurm daemons on this machine) or "gce" (checks the project).

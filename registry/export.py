@@ -1,130 +1,208 @@
-"""A registered version's portable form: the run's final DCP checkpoint loaded into one
-whole transformers model (one process, no process group) and written with
-``save_pretrained`` (safetensors), beside a ``PreTrainedTokenizerFast`` around the run's
-tokenizer, so ``AutoModelForCausalLM``/``AutoTokenizer.from_pretrained(dir)`` load it.
-
-Imported by the export task only: it loads torch and transformers. The whole model is
-held in this process's memory once (fp32, or bf16 for a bf16 run)."""
+"""Running a version's export: ``python -m node.export`` in a subprocess with memory and
+time limits, as the job owner's account. Loading a DCP checkpoint unpickles its
+``.metadata``, which the owner can write, so mtc itself never opens the checkpoint;
+it takes back only the files it can check (registry/intake.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
 import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-EXPORT_INFO = "mtc_export.json"
-# sft and rl learn "<bos> prompt response <eos>": a chat is the user's words as the
-# prompt, the model's answer right after them (system messages have no place in it).
-CHAT_RECIPES = ("sft", "rl")
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{% if message['role'] == 'user' %}{{ message['content'] }}"
-    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
-    "{% endif %}{% endfor %}"
+from django.conf import settings
+
+from identity.runas import Account, run_as
+from node.export import EXIT_EXPORT_ERROR
+
+OUT_NAME = "model"  # what the export writes inside the staging directory
+STDERR_TAIL = 4000  # bytes of the export's stderr kept for the failure message
+OUT_OF_MEMORY = (
+    "MemoryError",
+    "can't allocate memory",
+    "Cannot allocate memory",
+    "failed to map segment",  # a shared library that does not fit
 )
 
 
-class ExportError(Exception):
-    """The checkpoint cannot be exported (a permanent failure: retrying will not help)."""
+class ExportFailed(Exception):
+    """The export did not produce a usable directory (the message says why)."""
 
 
-def _tokenizer(path: Path, max_length: int):
-    """The run's tokenizer with <|bos|> put before every text: the sft and rl recipes
-    train on ``<bos> prompt response <eos>``, so a plain ``tokenizer(prompt)`` prompts it
-    the way it learned."""
-    from tokenizers import Tokenizer, processors
-    from transformers import PreTrainedTokenizerFast
+@dataclass(frozen=True)
+class MtcAccount:
+    """mtc's own account, for exports that run as mtc (single-user, mtc's own jobs)."""
 
-    from node.train.tokenizer import BOS, EOS, PAD
-
-    backend = Tokenizer.from_file(str(path))
-    bos_id = backend.token_to_id(BOS)
-    if bos_id is None or backend.token_to_id(EOS) is None or backend.token_to_id(PAD) is None:
-        raise ExportError(f"{path.name} lacks the {PAD}/{BOS}/{EOS} special tokens")
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        model_max_length=max_length,
-    )
+    name: str
+    uid: int
+    gid: int
 
 
-def _model(checkpoint: Path, tok):
-    import torch
-    from transformers import GenerationConfig
-
-    from node.train.checkpoint import checkpoint_json, checkpoint_load
-    from node.train.distributed import Dist
-    from node.train.model import hf_config
-    from node.train.presets import Preset
-
-    saved = checkpoint_json(checkpoint, "model.json")
-    if not saved:
-        raise ExportError("the checkpoint has no readable model.json (its model shape)")
-    preset = Preset.from_dict(saved)
-    config, cls = hf_config(
-        preset, pad_id=tok.pad_token_id, bos_id=tok.bos_token_id, eos_id=tok.eos_token_id
-    )
-    config.use_cache = True  # training turned it off; generation wants it
-    model = cls(config)
-    checkpoint_load(d=Dist(), path=checkpoint, model=model)  # DCP reshards to one process
-    state = checkpoint_json(checkpoint, "trainer_state.json") or {}
-    if (state.get("config") or {}).get("precision") == "bf16":
-        model = model.to(torch.bfloat16)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    model.eval()
-    return model, preset, state
-
-
-def checkpoint_export(*, checkpoint: Path, out_dir: Path, info: dict) -> dict:
-    """Write ``out_dir`` from the DCP ``checkpoint`` (atomically: a partial directory
-    renamed at the end). Returns what it wrote (``info`` is saved beside, as provenance)."""
-    from node.train.checkpoint import checkpoint_problem
-    from node.train.tokenizer import TOKENIZER_FILE
-
-    problem = checkpoint_problem(checkpoint)
-    if problem:
-        raise ExportError(f"{checkpoint}: {problem}")
-    if not (checkpoint / TOKENIZER_FILE).is_file():
-        raise ExportError(f"{checkpoint}: no {TOKENIZER_FILE}")
-    saved = json.loads((checkpoint / "model.json").read_text(encoding="utf-8"))
-    tok = _tokenizer(checkpoint / TOKENIZER_FILE, int(saved.get("max_position", 8192)))
-    model, preset, state = _model(checkpoint, tok)
-    if state.get("recipe") in CHAT_RECIPES or info.get("recipe") in CHAT_RECIPES:
-        tok.chat_template = CHAT_TEMPLATE
-
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+def mtc_account() -> MtcAccount:
+    uid = os.geteuid()
     try:
-        # transformers 5 always writes safetensors (model.safetensors + config.json).
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        summary = {
-            **info,
-            "checkpoint": str(checkpoint),
-            "step": state.get("step"),
-            "architecture": type(model).__name__,
-            "preset": preset.to_dict(),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "chat_template": bool(tok.chat_template),
-        }
-        (tmp / EXPORT_INFO).write_text(json.dumps(summary, indent=1) + "\n")
-        if out_dir.exists():  # an earlier attempt of the same version
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    summary["bytes"] = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
-    return summary
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    return MtcAccount(name=name, uid=uid, gid=os.getegid())
+
+
+@dataclass(frozen=True)
+class Staging:
+    """A fresh directory the export's account owns, held open by mtc: ``fd`` stays
+    this directory whatever the owner renames or links in its place."""
+
+    path: Path
+    fd: int
+
+    @property
+    def out(self) -> Path:
+        return self.path / OUT_NAME
+
+
+@contextlib.contextmanager
+def staging_dir(parent: Path, account: Account, *, prefix: str) -> Iterator[Staging]:
+    """A new directory under ``parent`` (the owner's job root) owned by ``account``,
+    removed afterwards with everything in it."""
+    parent.mkdir(parents=True, exist_ok=True)
+    # A worker that died mid-way left one; a younger one may be another run's, still going.
+    too_old = time.time() - export_limits()[1] - 300
+    for stale in parent.glob(f"{prefix}*"):
+        with contextlib.suppress(OSError):
+            if os.lstat(stale).st_mtime < too_old:
+                shutil.rmtree(stale)  # refuses a symlink; fd-based inside (no races)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        # Through the descriptor: a path could already be a symlink the owner put there.
+        if os.geteuid() == 0 and account.uid != 0:
+            os.fchown(fd, account.uid, account.gid)
+        os.fchmod(fd, 0o700)
+        yield Staging(path=path, fd=fd)
+    finally:
+        os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def export_limits() -> tuple[int, int]:
+    """(address-space bytes, wall-clock seconds) an export may use."""
+    memory = int(settings.MTC_EXPORT_MEMORY_GB * 2**30)
+    return memory, max(1, int(settings.MTC_EXPORT_TIMEOUT_S))
+
+
+def export_argv(*, checkpoint: Path, out: Path, info: dict) -> list[str]:
+    memory, seconds = export_limits()
+    # CPU time counts every thread: the wall-clock timeout is the real bound, this one
+    # stops a process that somehow outlives it. SIGXCPU at the soft limit, then SIGKILL.
+    cpu = seconds * max(1, os.cpu_count() or 1)
+    return [
+        "prlimit",
+        f"--as={memory}",
+        f"--cpu={cpu}:{cpu + 30}",
+        "--",
+        sys.executable,
+        "-P",  # never the working directory (the owner's) on sys.path
+        "-m",
+        "node.export",
+        "--checkpoint",
+        str(checkpoint),
+        "--out",
+        str(out),
+        "--info",
+        json.dumps(info),
+    ]
+
+
+def _export_env(home: Path) -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "PYTHONPATH": str(settings.BASE_DIR),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+class _Tail:
+    """Drains a pipe keeping only its last bytes: the export's output is the owner's
+    to make as long as they like, mtc's memory is not."""
+
+    def __init__(self, fd: int):
+        self.fd, self.data = fd, b""
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError):  # closed under it: the export is over
+            while chunk := os.read(self.fd, 65536):
+                self.data = (self.data + chunk)[-STDERR_TAIL:]
+
+    def text(self) -> str:
+        self.thread.join(timeout=5)  # a grandchild may hold the pipe: do not wait on it
+        return self.data.decode("utf-8", "replace")
+
+
+def export_run(*, account: Account, checkpoint: Path, staging: Staging, info: dict) -> None:
+    """Run the export as ``account`` into ``staging.out``; raises ExportFailed."""
+    memory, seconds = export_limits()
+    argv = export_argv(checkpoint=checkpoint, out=staging.out, info=info)
+    read_end, write_end = os.pipe()
+    tail = _Tail(read_end)
+    try:
+        try:
+            done = run_as(
+                account,
+                argv,
+                cwd=str(staging.path),
+                env=_export_env(staging.path),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=write_end,
+                timeout=seconds,
+            )
+        finally:
+            os.close(write_end)
+    except subprocess.TimeoutExpired:
+        raise ExportFailed(f"it ran past {seconds} s (MTC_EXPORT_TIMEOUT_S)") from None
+    finally:
+        stderr = tail.text()
+        os.close(read_end)
+    if done.returncode != 0:
+        raise ExportFailed(_why(done.returncode, stderr, memory))
+
+
+def _why(returncode: int, stderr: str, memory: int) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if returncode == EXIT_EXPORT_ERROR and lines:
+        return lines[-1]
+    if any(sign in stderr for sign in OUT_OF_MEMORY):
+        return f"it needed more than {memory / 2**30:g} GiB of memory (MTC_EXPORT_MEMORY_GB)"
+    if returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+        return f"it was stopped by {_signal_name(-returncode)} (its CPU time limit)"
+    if returncode < 0:
+        return f"it died of {_signal_name(-returncode)}: {_last(lines)}"
+    return f"exit status {returncode}: {_last(lines)}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _last(lines: list[str], limit: int = 300) -> str:
+    return " | ".join(lines[-3:])[-limit:] or "(no output)"

@@ -15,14 +15,19 @@ from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
 from django.utils import timezone
 
+from identity.selectors import identity_isolated
+from identity.services import IdentityMissing
 from jobs.choices import JobState
-from jobs.models import Job
+from jobs.models import Job, JobEvent
+from jobs.services import job_account, job_root
 from mtc.queue import task_enqueue
 
 from .checkpoints import final_checkpoint
+from .export import OUT_NAME, ExportFailed, export_limits, export_run, mtc_account, staging_dir
+from .intake import Taken, take_back
 from .models import Model, ModelAlias, ModelVersion, VersionState
 from .names import ALIAS_RE, NAME_HELP, model_name_valid, model_ref_parse
-from .selectors import model_can_write
+from .selectors import model_can_write, register_as_problem
 
 log = logging.getLogger(__name__)
 # How long a completed job's last metrics may stay unread before it is registered anyway.
@@ -150,6 +155,8 @@ def _version_create(
     *, job: Job, model_name: str, checkpoint: Path | None, by, failure: str = ""
 ) -> ModelVersion:
     model = _model_for_registration(name=model_name, owner=by)
+    if by is not None:  # checked again here: the model may be someone else's by now
+        _check_write(by, model)
     try:
         with transaction.atomic():
             version = ModelVersion.objects.create(
@@ -187,35 +194,74 @@ def export_dir(version: ModelVersion) -> Path:
     return Path(settings.DATA_DIR) / "registry" / version.model.name / str(version.number)
 
 
+def _export_account(version: ModelVersion):
+    """Who the export runs as: the job owner's account when jobs are isolated (the
+    checkpoint is theirs to write, so only they unpickle it); mtc itself, still in a
+    limited subprocess, in single-user mode and for mtc's own jobs (whose checkpoints
+    only mtc writes). Raises IdentityMissing."""
+    job = version.source_job
+    owner = job.owner if job is not None else version.created_by
+    if owner is None or not identity_isolated():
+        return None
+    return job_account(owner)
+
+
+def _staging_parent(version: ModelVersion, account) -> Path:
+    """A directory of the export's account to stage it in: the owner's job root."""
+    if account is None:
+        return Path(settings.DATA_DIR) / "registry" / ".staging"
+    job = version.source_job
+    cluster = version.cluster or (job.cluster if job is not None else None)
+    if cluster is None:
+        raise ExportFailed("its cluster is gone, and the owner's folders on it")
+    return job_root(cluster, account)
+
+
+def _export(version: ModelVersion, out: Path) -> Taken:
+    account = _export_account(version)
+    runner = account or mtc_account()
+    info = {"model": version.model.name, "version": version.number, "recipe": version.recipe}
+    parent = _staging_parent(version, account)
+    with staging_dir(parent, runner, prefix=f".mtc-export-{version.pk}-") as staging:
+        export_run(
+            account=runner,
+            checkpoint=Path(version.checkpoint_path),
+            staging=staging,
+            info=info,
+        )
+        return take_back(
+            staging_fd=staging.fd,
+            name=OUT_NAME,
+            uid=runner.uid,
+            out_dir=out,
+            max_bytes=export_limits()[0],
+            info={**info, "checkpoint": version.checkpoint_path},
+        )
+
+
 def version_export(*, version: ModelVersion) -> None:
     """PENDING → READY (export written) or FAILED (with the reason). Safe to run twice:
     only a PENDING version is exported, and only its first finish is recorded."""
     if version.state != VersionState.PENDING:
         return
-    from .export import ExportError, checkpoint_export  # torch: the worker only
-
     out = export_dir(version)
     for stale in out.parent.glob(f".{out.name}.partial-*"):  # a worker that died mid-way
         shutil.rmtree(stale, ignore_errors=True)
-    info = {"model": version.model.name, "version": version.number, "recipe": version.recipe}
     try:
-        summary = checkpoint_export(
-            checkpoint=Path(version.checkpoint_path), out_dir=out, info=info
-        )
-    except ExportError as exc:
+        taken = _export(version, out)
+    except (ExportFailed, IdentityMissing) as exc:
         _export_finish(version, VersionState.FAILED, f"Export failed: {exc}")
         return
     except Exception as exc:  # noqa: BLE001 - any failure is the version's, shown to its owner
         log.exception("export of %s failed", version)
         _export_finish(version, VersionState.FAILED, f"Export failed: {type(exc).__name__}: {exc}")
         return
-    size = summary["bytes"] / 1e6
-    message = (
-        f"Exported {summary['architecture']} ({summary['parameters']:,} parameters, "
-        f"{summary['dtype']}, {size:.1f} MB) from step {summary['step']}."
-    )
-    if not _export_finish(version, VersionState.READY, message, export_path=str(out)):
-        shutil.rmtree(out, ignore_errors=True)  # deleted while exporting
+    if not _export_finish(version, VersionState.READY, taken.message(), str(out)):
+        # Deleted (or finished by another run) while exporting: keep only a READY one's.
+        if not ModelVersion.objects.filter(
+            pk=version.pk, state=VersionState.READY, export_path=str(out)
+        ).exists():
+            shutil.rmtree(out, ignore_errors=True)
 
 
 def _export_finish(version: ModelVersion, state: str, message: str, export_path: str = "") -> bool:
@@ -315,6 +361,12 @@ def registrations_process() -> int:
         checkpoint = final_checkpoint(job.checkpoint_dir) if job.checkpoint_dir else None
         failure = "" if checkpoint else f"No complete checkpoint in {job.checkpoint_dir or '-'}."
         try:
+            # The owner's right to the model is checked now, not only at launch: someone
+            # else may have created it while the job ran.
+            problem = register_as_problem(job.register_as, job.owner)
+            if problem:
+                _registration_refused(job, problem)
+                continue
             _version_create(
                 job=job,
                 model_name=job.register_as,
@@ -324,8 +376,27 @@ def registrations_process() -> int:
             )
         except RegistryConflict:
             continue  # another worker registered it first
+        except (PermissionDenied, RegistryError) as exc:
+            _registration_refused(job, str(exc))
+            continue
         except Exception:  # noqa: BLE001 - one bad job must not stop the others
             log.exception("registering job %s as %s failed", job, job.register_as)
             continue
         registered += 1
     return registered
+
+
+def _registration_refused(job: Job, reason: str) -> None:
+    """Answer a ``register_as`` the job may not have: a line in the job's history (its
+    page and the API show it), and no more tries (``register_as`` cleared, as for a job
+    whose version was deleted)."""
+    with transaction.atomic():
+        cleared = Job.objects.filter(pk=job.pk, register_as=job.register_as).update(register_as="")
+        if cleared:  # once, even when two polls refuse it at the same moment
+            JobEvent.objects.create(
+                job=job,
+                time=timezone.now(),
+                state=job.state,
+                cause=f"Not registered as '{job.register_as}': {reason}"[:300],
+            )
+    log.info("job %s not registered as %s: %s", job, job.register_as, reason)
