@@ -162,7 +162,11 @@ def take_back(
     try:
         if os.fstat(src).st_uid != uid:
             raise ExportFailed("its directory is not the export account's")
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        # registry/ and registry/<model>/ are passable, never listable: a replica's
+        # account reads its version by path and cannot list what else is registered.
+        for folder in (out_dir.parent.parent, out_dir.parent):
+            folder.mkdir(mode=0o711, parents=True, exist_ok=True)
+            os.chmod(folder, 0o711)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         for entry in _names(src):

@@ -54,6 +54,9 @@ echo "== ruff"
 .venv/bin/ruff check .
 echo "== import layers"
 .venv/bin/lint-imports --no-cache
+echo "== identity"
+# The identity tests need other accounts to run mtc's Python (README, Identity).
+DJANGO_SETTINGS_MODULE=mtc.settings $PY -c 'import django; django.setup(); from identity.selectors import identity_mode, single_user_reason as r; print(identity_mode(), r())'
 echo "== pytest"
 set +e
 $PY -m pytest "$@"

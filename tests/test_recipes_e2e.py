@@ -8,6 +8,7 @@ import pytest
 
 from clusters import services as cluster_services
 from clusters.models import Cluster
+from identity.models import PosixAccount
 from jobs.models import Job, JobMetric
 from jobs.sync import jobs_sync
 from recipes.metrics import recipe_jobs_ingest
@@ -19,7 +20,8 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "UNKNOWN
 
 
 @pytest.fixture
-def cluster(local_clusters):
+def cluster(local_clusters, settings):
+    settings.MTC_IDENTITY = "local"
     cluster_services.cluster_create(spec=make_spec("rx", nodes=2))
     return Cluster.objects.get(cluster_id="rx")
 
@@ -88,12 +90,25 @@ def test_pretrain_on_two_nodes_then_an_exact_resume_after_requeue(cluster, user_
     assert cont.metrics["first_loss"] < first.metrics["first_loss"] - 0.5
 
 
-def test_gemma_sft_and_rl(cluster, user_api):
-    gemma = finished(cluster, launch(user_api, "gemma-pretrain", steps=20, nodes=1))
+def owned_by_its_user(job: Job) -> None:
+    """The run dir and every file the job wrote are its owner's account's, 0700 at top."""
+    uid = PosixAccount.objects.get(user=job.owner).uid
+    run_dir = Path(job.checkpoint_dir).parent
+    assert uid != 0 and run_dir.stat().st_uid == uid and run_dir.stat().st_mode & 0o777 == 0o700
+    written = [p for p in run_dir.rglob("*")]
+    assert written and {p.stat().st_uid for p in written} == {uid}
+
+
+def test_gemma_sft_and_rl(cluster, user_api, operator_api):
+    gemma = finished(cluster, launch(operator_api, "gemma-pretrain", steps=20, nodes=1))
     assert gemma.metrics["last_loss"] < gemma.metrics["first_loss"]
 
     sft = finished(cluster, launch(user_api, "sft", steps=80, max_operand=3))
     assert sft.metrics["last_loss"] < sft.metrics["first_loss"]
+    # Two users' runs, each their own account's (MTC_IDENTITY=local, the default as root).
+    assert gemma.owner != sft.owner
+    owned_by_its_user(gemma)
+    owned_by_its_user(sft)
     rl = finished(
         cluster, launch(user_api, "rl", steps=40, max_operand=3, init_from=sft.checkpoint_dir)
     )

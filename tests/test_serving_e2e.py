@@ -47,11 +47,19 @@ def wait_until(cluster, condition, *, what: str, timeout: float = 90, between=No
         tick(cluster)
         if condition():
             return
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {replica_states()}"
+        assert time.monotonic() < deadline, (
+            f"timed out waiting for {what}: {replica_states()}\n{last_replica_output()}"
+        )
         if between:
             between()
         else:
             time.sleep(0.2)
+
+
+def last_replica_output() -> str:
+    """The newest replica job's output, to say why a replica failed."""
+    outputs = sorted(cluster_root("sv").glob("**/output/slurm-*.*"), key=os.path.getmtime)
+    return "\n".join(p.read_text()[-2000:] for p in outputs[-2:]) or "(no job output)"
 
 
 def replica_states() -> list[tuple[int, str, str]]:

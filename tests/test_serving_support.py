@@ -55,8 +55,23 @@ def tiny_model_save(path: Path, *, chat: bool = True) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return tiny_model_save(tmp_path_factory.mktemp("tiny-model"))
+def tiny_model_dir() -> Path:
+    """Where an export lives (under the data dir, readable by the accounts replicas run
+    as), not pytest's tmp dir: that is root's alone (0700)."""
+    import shutil
+    import tempfile
+
+    from django.conf import settings
+
+    root = Path(settings.DATA_DIR) / "registry"
+    root.mkdir(mode=0o711, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="tiny-model-", dir=root))
+    path.chmod(0o755)
+    tiny_model_save(path)
+    for file in path.iterdir():  # safetensors writes 0600; the registry's intake 0644
+        file.chmod(0o644)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def version_make(export_path: Path, *, name: str = "tiny", number: int = 1, alias: str = ""):
