@@ -36,6 +36,13 @@ TINY_RUN = {
 
 
 # --- fixtures and helpers ---------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def shared_identity(settings):
+    """The checkpoints here are written by the test (root) into pytest's 0700 tmp dirs,
+    as a single-user job would; exports as the owner's account: test_registry_owner."""
+    settings.MTC_IDENTITY = "single-user"
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """A finished tiny llama-pretrain run (3 steps, about 2 s on one CPU)."""
