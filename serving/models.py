@@ -60,6 +60,11 @@ class Endpoint(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.pk})"
 
+    @property
+    def served_model(self) -> str:
+        """The model's name in answers (the replica's --name) and in OpenAI's /models."""
+        return f"{self.version.model.name}@{self.version.number}"
+
 
 class Replica(models.Model):
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="replicas")

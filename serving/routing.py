@@ -65,7 +65,7 @@ def request_check(body: dict, *, chat: bool, endpoint: Endpoint) -> None:
 tie_break: Callable[[list[Replica]], None] = random.shuffle
 
 
-def _candidates(endpoint: Endpoint) -> list[Replica]:
+def candidates(endpoint: Endpoint) -> list[Replica]:
     """READY replicas, fewest requests in flight first (ties broken at random)."""
     replicas = list(
         Replica.objects.filter(endpoint=endpoint, state=ReplicaState.READY).only(
@@ -100,26 +100,36 @@ def _forward(endpoint: Endpoint, replica: Replica, path: str, payload: bytes) ->
     )
     if response.status == 200:
         return Routed(body=response.body, replica_number=replica.number)
-    message, param = _replica_error(response.body)
-    if 400 <= response.status < 500 and response.status != 401:
-        raise RouteError(400, "INVALID_ARGUMENT", message, {param or "non_field_errors": message})
+    raise replica_refused(replica, response.status, response.body)
+
+
+def replica_refused(replica: Replica, status: int, body: bytes) -> RouteError:
+    """The error for a replica's non-200 answer; a replica at fault is marked unhealthy."""
+    message, param = _replica_error(body)
+    if 400 <= status < 500 and status != 401:
+        return RouteError(400, "INVALID_ARGUMENT", message, {param or "non_field_errors": message})
     # A server error, or a replica that does not know its token: not fit to serve.
-    replica_mark_unhealthy(replica=replica, message=f"HTTP {response.status}: {message}")
-    raise RouteError(502, "BAD_GATEWAY", f"Replica {replica.number} failed the request: {message}")
+    replica_mark_unhealthy(replica=replica, message=f"HTTP {status}: {message}")
+    return RouteError(502, "BAD_GATEWAY", f"Replica {replica.number} failed the request: {message}")
+
+
+def route_start(*, endpoint: Endpoint, body: dict, chat: bool) -> str:
+    """Checks every request passes before a replica sees it; returns the replica's path."""
+    request_check(body, chat=chat, endpoint=endpoint)
+    if endpoint.state == EndpointState.DELETING:
+        raise RouteError(409, "FAILED_PRECONDITION", f"Endpoint {endpoint.pk} is being deleted.")
+    return "/v1/chat/completions" if chat else "/v1/completions"
 
 
 def completion_route(*, endpoint: Endpoint, body: dict, chat: bool) -> Routed:
     """Answer one request through a replica. Raises RouteError."""
-    request_check(body, chat=chat, endpoint=endpoint)
-    if endpoint.state == EndpointState.DELETING:
-        raise RouteError(409, "FAILED_PRECONDITION", f"Endpoint {endpoint.pk} is being deleted.")
-    path = "/v1/chat/completions" if chat else "/v1/completions"
+    path = route_start(endpoint=endpoint, body=body, chat=chat)
     payload = json.dumps(body).encode()
     started = time.monotonic()
     status, replica_number = 503, None
     tried: list[str] = []
     try:
-        for replica in _candidates(endpoint)[:MAX_ATTEMPTS]:
+        for replica in candidates(endpoint)[:MAX_ATTEMPTS]:
             replica_number = replica.number
             traffic.request_begin(endpoint.pk, replica.number)
             try:
@@ -140,7 +150,7 @@ def completion_route(*, endpoint: Endpoint, body: dict, chat: bool) -> Routed:
             status = 200
             answer.attempts = tried
             return answer
-        why = "; ".join(tried) if tried else _no_replica_reason(endpoint)
+        why = "; ".join(tried) if tried else no_replica_reason(endpoint)
         message = f"Endpoint {endpoint.pk} has no healthy replica: {why}"
         raise RouteError(503, "UNAVAILABLE", message)
     finally:
@@ -153,7 +163,7 @@ def completion_route(*, endpoint: Endpoint, body: dict, chat: bool) -> Routed:
         )
 
 
-def _no_replica_reason(endpoint: Endpoint) -> str:
+def no_replica_reason(endpoint: Endpoint) -> str:
     states = list(endpoint.replicas.values_list("state", flat=True))
     starting = states.count(ReplicaState.STARTING)
     unhealthy = states.count(ReplicaState.UNHEALTHY)

@@ -24,6 +24,18 @@ def endpoints_visible_to(user) -> QuerySet[Endpoint]:
     return qs if user.is_staff else qs.filter(owner=user)
 
 
+def openai_models(endpoint: Endpoint) -> list[dict]:
+    """The model an endpoint serves, as OpenAI's /models lists one."""
+    return [
+        {
+            "id": endpoint.served_model,
+            "object": "model",
+            "created": int(endpoint.version.create_time.timestamp()),
+            "owned_by": endpoint.owner.get_username(),
+        }
+    ]
+
+
 def percentile(sorted_values: list[float], q: float) -> float | None:
     """Nearest-rank percentile of an ascending list."""
     if not sorted_values:

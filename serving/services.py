@@ -129,7 +129,7 @@ def replica_script(endpoint: Endpoint, number: int, run_dir: Path) -> str:
         endpoint_id=endpoint.pk,
         name=endpoint.name,
         number=number,
-        model_name=shlex.quote(f"{version.model.name}@{version.number}"),
+        model_name=shlex.quote(endpoint.served_model),
         model_dir=shlex.quote(version.export_path),
         threads=endpoint.cpus_per_replica * conf.replica_threads(),
         repo=shlex.quote(str(settings.BASE_DIR)),

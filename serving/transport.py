@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 CONNECT_TIMEOUT_S = 2.0
@@ -82,3 +83,73 @@ def replica_call(
             _drop(key)
         return ReplicaResponse(response.status, data)
     raise AssertionError("not reached: the second attempt returns or raises")
+
+
+class ReplicaStream:
+    """A replica's answer to a streaming request: its status, and for a 200 its
+    server-sent events one at a time as they arrive. Owns its connection."""
+
+    def __init__(self, conn: http.client.HTTPConnection, response: http.client.HTTPResponse):
+        self.conn, self.response, self.status = conn, response, response.status
+
+    def read_body(self) -> bytes:
+        """The whole body, for an answer that is not a stream (an error)."""
+        try:
+            return self.response.read()
+        finally:
+            self.close()
+
+    def events(self) -> Iterator[bytes]:
+        """Each event as ``data: ...\\n\\n``; raises ReplicaUnreachable or ReplicaTimeout
+        when the replica stops midway (never half an event)."""
+        lines: list[bytes] = []
+        host, port = self.conn.host, self.conn.port
+        try:
+            while True:
+                line = self.response.readline()
+                if not line:
+                    if lines:
+                        raise ReplicaUnreachable(f"{host}:{port} ended the stream mid-event")
+                    return
+                if line in (b"\n", b"\r\n"):
+                    if lines:
+                        yield b"".join(lines) + b"\n"
+                        lines = []
+                    continue
+                lines.append(line if line.endswith(b"\n") else line + b"\n")
+        except TimeoutError as exc:
+            raise ReplicaTimeout(f"{host}:{port} sent nothing for too long") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise ReplicaUnreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc
+
+    def close(self) -> None:
+        self.conn.close()  # a half-read stream cannot be reused: the replica sees it go
+
+
+def replica_stream(
+    host: str, port: int, path: str, *, token: str, body: bytes, timeout: float
+) -> ReplicaStream:
+    """POST a streaming request on a connection of its own (the kept-alive ones serve
+    whole answers; this one stays busy for as long as the stream lasts). ``timeout``
+    bounds the wait for the headers and then for each event."""
+    conn = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
+    try:
+        conn.connect()
+    except OSError as exc:
+        conn.close()
+        raise ReplicaUnreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc
+    try:
+        conn.sock.settimeout(timeout)
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+        }
+        conn.request("POST", path, body=body, headers=headers)
+        return ReplicaStream(conn, conn.getresponse())
+    except TimeoutError as exc:
+        conn.close()
+        raise ReplicaTimeout(f"{host}:{port} gave no answer within {timeout:g} s") from exc
+    except (OSError, http.client.HTTPException) as exc:
+        conn.close()
+        raise ReplicaUnreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc

@@ -5,6 +5,7 @@ serving reconcile (no Celery worker in tests)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -116,6 +117,14 @@ def test_deploy_serve_replace_scale_and_delete(cluster, tiny_model_dir, user, us
         format="json",
     )
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
+    # The replica in its Slurm job streams too, through mtc, adding up to the whole answer.
+    streamed = complete(user_api, endpoint_id, max_tokens=6, stream=True)
+    assert streamed.status_code == 200 and streamed["Content-Type"] == "text/event-stream"
+    events = b"".join(streamed.streaming_content).decode().split("\n\n")[:-1]
+    assert events[-1] == "data: [DONE]", events
+    texts = [json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]]
+    whole = complete(user_api, endpoint_id, max_tokens=6).json()["choices"][0]["text"]
+    assert "".join(texts) == whole
     assert APIClient().post(
         f"/api/v1/endpoints/{endpoint_id}/completions", {"prompt": "hi"}, format="json"
     ).status_code in (401, 403)

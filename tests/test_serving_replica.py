@@ -8,6 +8,8 @@ import threading
 import urllib.error
 import urllib.request
 
+from node.replica.streaming import StreamHead, TextDeltas, sse, stream_events
+
 from .test_serving_support import replica_server, tiny_model_dir
 
 __all__ = ["replica_server", "tiny_model_dir"]  # fixtures these tests use
@@ -80,7 +82,11 @@ def test_bad_requests_name_the_field(replica_server):
         ({"prompt": "hi", "n": 2}, "n"),
         ({"prompt": "hi", "temperature": 3}, "temperature"),
         ({"prompt": "hi", "stop": [1]}, "stop"),
-        ({"prompt": "hi", "stream": True}, "stream"),
+        ({"prompt": "hi", "stream": "yes"}, "stream"),
+        (
+            {"prompt": "hi", "stream": True, "stream_options": {"include_usage": 1}},
+            "stream_options",
+        ),
         ({"prompt": 5}, "prompt"),
         ({"prompt": "hello " * 200}, "prompt"),  # past the model's 128 positions
         ({"prompt": "hi", "max_tokens": 127}, "max_tokens"),
@@ -106,3 +112,66 @@ def test_concurrent_requests_take_turns(replica_server):
     for thread in threads:
         thread.join()
     assert results == [200] * 4
+
+
+def stream(server, token, path: str, body: dict) -> tuple[list[bytes], str]:
+    """The raw server-sent events of one streamed answer, and its Content-Type."""
+    host, port = server.server_address[:2]
+    request = urllib.request.Request(
+        f"http://{host}:{port}{path}",
+        data=json.dumps({**body, "stream": True}).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read().split(b"\n\n")[:-1], response.headers["Content-Type"]
+
+
+def test_streaming_adds_up_to_the_whole_answer(replica_server):
+    server, token = replica_server
+    for extra in ({}, {"stop": ["|"]}):
+        body = {"prompt": "hello world", "max_tokens": 12, "temperature": 0, **extra}
+        whole = call(server, token, "/v1/completions", body)[1]["choices"][0]
+        events, kind = stream(server, token, "/v1/completions", body)
+        assert kind == "text/event-stream" and events[-1] == b"data: [DONE]"
+        chunks = [json.loads(e.removeprefix(b"data: ")) for e in events[:-1]]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
+        assert len({c["id"] for c in chunks}) == 1 and len(chunks) > 2
+    assert call(server, token, "/v1/completions", {"prompt": "hi"})[0] == 200  # still serving
+
+
+def test_text_deltas_hold_back_what_a_stop_may_cut():
+    pieces = {1: "ab", 2: "c", 3: "XY", 4: "Z", 5: "\xe2", 6: "\x82\xac"}
+
+    def decode(ids):  # bytes-level pieces, like a byte-level BPE
+        raw = "".join(pieces[i] for i in ids).encode("latin-1")
+        return raw.decode("utf-8", errors="replace")
+
+    deltas = TextDeltas(decode=decode, eos_ids={0}, stops=("XYZ",))
+    assert [deltas.push([1]), deltas.push([2]), deltas.push([3])] == ["ab", "c", ""]
+    assert deltas.push([4]) == "" and deltas.stopped and deltas.tokens == 4
+
+    deltas = TextDeltas(decode=decode, eos_ids={0}, stops=("XYZ",))
+    assert deltas.push([3]) == "" and deltas.push([1]) == "XYab"  # no stop after all
+    assert deltas.push([5]) == "" and deltas.push([6]) == "\u20ac"  # no half character
+    assert deltas.push([0]) == "" and deltas.stopped and deltas.tokens == 4
+
+    deltas = TextDeltas(decode=decode, eos_ids=set(), stops=("XYZ",))
+    assert deltas.push([1, 3]) == "ab" and deltas.flush() == "XY"
+
+
+def test_stream_events_frame_chunks_and_end_cleanly_on_failure():
+    head = StreamHead("chatcmpl-1", "chat.completion.chunk", 1, "tiny@1")
+    deltas = TextDeltas(decode=lambda ids: "", eos_ids=set())
+
+    def texts():
+        yield "he"
+        raise RuntimeError("out of memory")
+
+    events = list(stream_events(head, texts(), deltas, prompt_tokens=3, max_tokens=4))
+    assert all(e.startswith(b"data: {") and e.endswith(b"}\n\n") for e in events)
+    first, second, error = (json.loads(e[6:]) for e in events)
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert second["choices"][0]["delta"] == {"content": "he"}
+    assert "out of memory" in error["error"]["message"]  # and no [DONE]: not whole
+    assert sse({"a": 1}) == b'data: {"a":1}\n\n'

@@ -9,6 +9,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .streaming import (
+    Events,
+    StreamHead,
+    TextDeltas,
+    Texts,
+    TokenQueue,
+    cancel_criteria,
+    stream_events,
+    token_batches,
+)
+
 MAX_NEW_TOKENS = 2048
 MAX_STOP_SEQUENCES = 4
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -29,6 +40,8 @@ class Sampling:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    stream: bool = False
+    include_usage: bool = False  # stream_options: a last chunk with the usage
 
 
 @dataclass
@@ -52,7 +65,7 @@ def _number(body: dict, key: str, default: float, low: float, high: float, *, lo
 
 
 def sampling_parse(body: dict) -> Sampling:
-    """The OpenAI sampling fields this replica supports (n=1, no streaming)."""
+    """The OpenAI sampling fields this replica supports (n=1)."""
     max_tokens = body.get("max_tokens", 16)
     if max_tokens is None:
         max_tokens = 16
@@ -62,8 +75,14 @@ def sampling_parse(body: dict) -> Sampling:
         raise RequestError(f"'max_tokens' must be 1 to {MAX_NEW_TOKENS}.", param="max_tokens")
     if body.get("n", 1) not in (1, None):
         raise RequestError("Only n=1 is supported.", param="n")
-    if body.get("stream"):
-        raise RequestError("Streaming is not supported.", param="stream")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestError("'stream' must be true or false.", param="stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise RequestError(
+            "'stream_options' must be {\"include_usage\": true|false}.", param="stream_options"
+        )
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -84,6 +103,8 @@ def sampling_parse(body: dict) -> Sampling:
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         stop=stops,
         seed=seed,
+        stream=bool(stream),
+        include_usage=bool(options.get("include_usage")),
     )
 
 
@@ -166,8 +187,11 @@ class Generator:
             raise RequestError("The prompt is empty.", param="prompt")
         return list(ids)
 
-    def generate(self, ids: list[int], sampling: Sampling, *, param: str) -> Generated:
+    def _generate_args(self, ids: list[int], sampling: Sampling, *, param: str):
+        """Checks a request against the model (before any answer is sent) and builds
+        ``generate``'s arguments; the streaming and the whole answer share them."""
         import torch
+        from transformers import StoppingCriteriaList
 
         if len(ids) + sampling.max_tokens > self.max_positions:
             raise RequestError(
@@ -181,27 +205,39 @@ class Generator:
             "attention_mask": torch.ones_like(input_ids),
             "pad_token_id": self.pad_id,
             "do_sample": sampling.temperature > 0,
+            "stopping_criteria": StoppingCriteriaList(),
         }
         if sampling.temperature > 0:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         if sampling.stop:
-            from transformers import StoppingCriteriaList
-
-            kwargs["stopping_criteria"] = StoppingCriteriaList(
-                [_stop_criteria(self.tokenizer, sampling.stop, len(ids))]
+            kwargs["stopping_criteria"].append(
+                _stop_criteria(self.tokenizer, sampling.stop, len(ids))
             )
+        return input_ids, kwargs
+
+    def _run(self, input_ids, kwargs: dict, sampling: Sampling):
+        import torch
+
         with self.lock, torch.inference_mode():
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             out = self.model.generate(input_ids, **kwargs)
             self.served += 1
+        return out
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def generate(self, ids: list[int], sampling: Sampling, *, param: str) -> Generated:
+        input_ids, kwargs = self._generate_args(ids, sampling, param=param)
+        out = self._run(input_ids, kwargs, sampling)
         new = out[0, len(ids) :].tolist()
         finish = "length"
         for i, token in enumerate(new):
             if token in self.eos_ids:
                 new, finish = new[:i], "stop"
                 break
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        text = self._decode(new)
         cuts = [text.find(s) for s in sampling.stop if s in text]
         if cuts:
             text, finish = text[: min(cuts)], "stop"
@@ -209,9 +245,39 @@ class Generator:
             finish = "stop"
         return Generated(text, len(ids), len(new), finish)
 
-    def completion(self, body: dict) -> dict:
+    def generate_stream(
+        self, ids: list[int], sampling: Sampling, *, param: str
+    ) -> tuple[TextDeltas, Texts]:
+        """Checks now (so a bad request is a 400, not a broken stream), then the text
+        deltas as tokens are generated; the TextDeltas says how it ended."""
+        input_ids, kwargs = self._generate_args(ids, sampling, param=param)
+        tokens = TokenQueue()
+        kwargs["streamer"] = tokens
+        kwargs["stopping_criteria"].append(cancel_criteria(tokens))
+        deltas = TextDeltas(decode=self._decode, eos_ids=self.eos_ids, stops=sampling.stop)
+
+        def texts() -> Texts:
+            batches = token_batches(lambda: self._run(input_ids, kwargs, sampling), tokens)
+            try:
+                for batch in batches:
+                    if delta := deltas.push(batch):
+                        yield delta
+                    if deltas.done:
+                        return  # a stop sequence or end of text: generation is cancelled
+                if tail := deltas.flush():
+                    yield tail
+            finally:
+                batches.close()
+
+        return deltas, texts()
+
+    def completion(self, body: dict) -> dict | Events:
+        """The answer, or with ``"stream": true`` its server-sent events."""
         sampling = sampling_parse(body)
-        result = self.generate(self._encode(prompt_parse(body)), sampling, param="prompt")
+        ids = self._encode(prompt_parse(body))
+        if sampling.stream:
+            return self._stream("cmpl", "text_completion", ids, sampling, param="prompt")
+        result = self.generate(ids, sampling, param="prompt")
         return self._answer(
             "cmpl",
             "text_completion",
@@ -219,7 +285,7 @@ class Generator:
             result,
         )
 
-    def chat_completion(self, body: dict) -> dict:
+    def chat_completion(self, body: dict) -> dict | Events:
         if not self.chat:
             raise RequestError(
                 "This model version has no chat template; use /v1/completions.",
@@ -234,12 +300,28 @@ class Generator:
         except Exception as exc:  # the template rejects these messages (e.g. role order)
             raise RequestError(f"The chat template refused these messages: {exc}") from exc
         ids = self._encode(text, add_special_tokens=False)
+        if sampling.stream:
+            kind = "chat.completion.chunk"
+            return self._stream("chatcmpl", kind, ids, sampling, param="messages")
         result = self.generate(ids, sampling, param="messages")
         return self._answer(
             "chatcmpl",
             "chat.completion",
             {"index": 0, "message": {"role": "assistant", "content": result.text}},
             result,
+        )
+
+    def _stream(
+        self, prefix: str, kind: str, ids: list[int], sampling: Sampling, *, param: str
+    ) -> Events:
+        deltas, texts = self.generate_stream(ids, sampling, param=param)
+        return stream_events(
+            StreamHead(f"{prefix}-{secrets.token_hex(12)}", kind, int(time.time()), self.name),
+            texts,
+            deltas,
+            prompt_tokens=len(ids),
+            max_tokens=sampling.max_tokens,
+            include_usage=sampling.include_usage,
         )
 
     def _answer(self, prefix: str, kind: str, choice: dict, result: Generated) -> dict:

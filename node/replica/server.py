@@ -11,7 +11,8 @@ is how mtc learns where it listens.
 
     GET  /health               {"status": "ok", "model", "chat", "busy", "served"}
     GET  /v1/models
-    POST /v1/completions       prompt, max_tokens, temperature, top_p, n=1, stop, seed
+    POST /v1/completions       prompt, max_tokens, temperature, top_p, n=1, stop, seed,
+                               stream (server-sent events, chunked), stream_options
     POST /v1/chat/completions  messages, ... (only when the tokenizer has a chat template)
 """
 
@@ -30,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from .generation import Generator, RequestError
+from .streaming import Events
 
 MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("mtc.replica")
@@ -117,7 +119,7 @@ class ReplicaHandler(BaseHTTPRequestHandler):
             body = json.loads(raw or b"{}")
             if not isinstance(body, dict):
                 raise RequestError("The body must be a JSON object.")
-            self._send(200, handler(body))
+            answer = handler(body)
         except json.JSONDecodeError as exc:
             self._error(400, f"The body is not JSON: {exc}")
         except RequestError as exc:
@@ -125,6 +127,30 @@ class ReplicaHandler(BaseHTTPRequestHandler):
         except Exception as exc:
             log.exception("generation failed")
             self._error(500, f"Generation failed: {exc}")
+        else:
+            if isinstance(answer, dict):
+                self._send(200, answer)
+            else:
+                self._send_events(answer)
+
+    def _send_events(self, events: Events) -> None:
+        """Server-sent events in HTTP/1.1 chunks, each written as generation makes it.
+        A reader that goes away cancels the generation (closing ``events``)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for event in events:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:  # the reader hung up: this connection is done
+            self.close_connection = True
+        finally:
+            events.close()
 
 
 def state_write(path: Path, state: dict) -> None:

@@ -177,6 +177,12 @@ class CompletionRequestSerializer(serializers.Serializer):
     n = serializers.IntegerField(required=False, default=1, help_text="Only 1")
     stop = serializers.JSONField(required=False, help_text="A string or up to 4 strings")
     seed = serializers.IntegerField(required=False)
+    stream = serializers.BooleanField(
+        required=False, default=False, help_text="true: server-sent events as tokens come"
+    )
+    stream_options = serializers.DictField(
+        required=False, help_text='{"include_usage": true}: a last chunk with the usage'
+    )
 
 
 class CompletionResponseSerializer(serializers.Serializer):
@@ -186,6 +192,20 @@ class CompletionResponseSerializer(serializers.Serializer):
     model = serializers.CharField()
     choices = serializers.ListField(child=serializers.DictField())
     usage = serializers.DictField()
+
+
+class OpenAIModelSerializer(serializers.Serializer):
+    """OpenAI's model object: the version an endpoint serves."""
+
+    id = serializers.CharField(help_text="<model>@<version>, as answers name it")
+    object = serializers.CharField(help_text="model")
+    created = serializers.IntegerField(help_text="When the version was registered (epoch s)")
+    owned_by = serializers.CharField(help_text="The endpoint's owner")
+
+
+class OpenAIModelListSerializer(serializers.Serializer):
+    object = serializers.CharField(help_text="list")
+    data = OpenAIModelSerializer(many=True)
 
 
 class SeriesSerializer(serializers.Serializer):

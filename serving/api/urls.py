@@ -5,6 +5,8 @@ from .views import (
     EndpointDetailView,
     EndpointListView,
     EndpointMetricsView,
+    EndpointModelsView,
+    EndpointModelView,
 )
 
 app_name = "serving_api"
@@ -23,5 +25,11 @@ urlpatterns = [
         ENDPOINT + r"/chat/completions/?$",
         EndpointCompletionsView.as_view(chat=True),
         name="endpoint-chat-completions",
+    ),
+    re_path(ENDPOINT + r"/models/?$", EndpointModelsView.as_view(), name="endpoint-models"),
+    re_path(
+        ENDPOINT + r"/models/(?P<model_id>[^/]+)/?$",
+        EndpointModelView.as_view(),
+        name="endpoint-model",
     ),
 ]

@@ -1,11 +1,12 @@
-"""Endpoints API: deploy, list, get, delete, request figures, and the authenticated
-completions route that forwards to a healthy replica."""
+"""Endpoints API: deploy, list, get, delete, request figures, the authenticated
+completions route that forwards to a healthy replica (whole or streamed), and the
+OpenAI-shaped model list."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
-from django.http import HttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -18,12 +19,15 @@ from .. import selectors, services
 from ..deploy import DeployError, endpoint_validate
 from ..models import Endpoint
 from ..routing import RouteError, completion_route
+from ..streaming import completion_stream_route
 from .serializers import (
     CompletionRequestSerializer,
     CompletionResponseSerializer,
     EndpointCreateSerializer,
     EndpointDetailSerializer,
     EndpointSerializer,
+    OpenAIModelListSerializer,
+    OpenAIModelSerializer,
     SeriesSerializer,
 )
 
@@ -130,19 +134,62 @@ class EndpointCompletionsView(EndpointMixin, GenericAPIView):
         responses={200: CompletionResponseSerializer},
         description="OpenAI-style completion, answered by one of the endpoint's healthy "
         "replicas (the answer is the replica's, as it is; X-MTC-Replica names it). On "
-        "/completions a body with 'messages' is a chat completion. 503 when no replica "
-        "is healthy.",
+        "/completions a body with 'messages' is a chat completion. With \"stream\": true "
+        "the answer is server-sent events (text/event-stream: 'data: {chunk}' per token "
+        "batch, then 'data: [DONE]'); a failure midway is a last 'data: {\"error\": ...}'. "
+        "503 when no replica is healthy.",
     )
     def post(self, request, endpoint_id):
         endpoint = self.endpoint()
         body = request.data
         chat = self.chat or (isinstance(body, dict) and "messages" in body and "prompt" not in body)
+        stream = isinstance(body, dict) and body.get("stream") is True
         try:
-            routed = completion_route(endpoint=endpoint, body=body, chat=chat)
+            if stream:
+                streamed = completion_stream_route(endpoint=endpoint, body=body, chat=chat)
+            else:
+                routed = completion_route(endpoint=endpoint, body=body, chat=chat)
         except RouteError as exc:
             raise ApiError(
                 code=exc.code, message=exc.message, status_code=exc.status, fields=exc.fields
             ) from exc
+        if stream:
+            response = StreamingHttpResponse(streamed.events, content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # a proxy in front must not hold tokens back
+            response["X-MTC-Replica"] = str(streamed.replica_number)
+            return response
         response = HttpResponse(routed.body, content_type="application/json")
         response["X-MTC-Replica"] = str(routed.replica_number)
         return response
+
+
+class EndpointModelsView(EndpointMixin, GenericAPIView):
+    """OpenAI's GET /models (and /models/{id}) for the one model an endpoint serves,
+    so OpenAI clients pointed at the endpoint can list it."""
+
+    serializer_class = OpenAIModelListSerializer
+
+    def get_queryset(self):
+        qs = Endpoint.objects.select_related("version__model", "owner")
+        return qs if self.request.user.is_staff else qs.filter(owner=self.request.user)
+
+    @extend_schema(responses={200: OpenAIModelListSerializer})
+    def get(self, request, endpoint_id):
+        return Response({"object": "list", "data": selectors.openai_models(self.endpoint())})
+
+
+class EndpointModelView(EndpointModelsView):
+    serializer_class = OpenAIModelSerializer
+
+    @extend_schema(responses={200: OpenAIModelSerializer})
+    def get(self, request, endpoint_id, model_id):
+        endpoint = self.endpoint()
+        for model in selectors.openai_models(endpoint):
+            if model["id"] == model_id:
+                return Response(model)
+        raise ApiError(
+            code="NOT_FOUND",
+            message=f"Endpoint {endpoint.pk} serves {endpoint.served_model}, not {model_id}.",
+            status_code=status.HTTP_404_NOT_FOUND,
+        )
