@@ -86,8 +86,7 @@ class Stack:
         host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
         if port_open(host, port):
             return url
-        redis_dir = self.data_dir / "redis"
-        redis_dir.mkdir(exist_ok=True)
+        redis_dir = private_dir(self.data_dir / "redis")  # its queue holds task arguments
         self._start(
             "redis",
             [
