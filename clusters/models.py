@@ -115,6 +115,9 @@ class Operation(models.Model):
     # A worker holds an Operation while its lease runs; an expired lease means the
     # worker died and another may take over (compare-and-swap on this field).
     lease_expires = models.DateTimeField(null=True, blank=True)
+    # The fence: who holds the lease now. A worker whose lease lapsed and was taken
+    # by another writes nothing more (every write matches its own token).
+    lease_token = models.CharField(max_length=32, blank=True, default="")
     create_time = models.DateTimeField(auto_now_add=True)
     start_time = models.DateTimeField(null=True, blank=True)
     end_time = models.DateTimeField(null=True, blank=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import random
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -48,8 +49,10 @@ class Superseded(Exception):
 
 # --- lease and progress --------------------------------------------------
 def operation_claim(*, operation_id: str) -> Operation | None:
-    """Take the Operation if nobody holds a live lease on it; None otherwise."""
+    """Take the Operation if nobody holds a live lease on it; None otherwise. The
+    returned Operation carries this claim's lease token: its writes are fenced by it."""
     now = timezone.now()
+    token = secrets.token_hex(16)
     taken = Operation.objects.filter(
         Q(lease_expires__isnull=True) | Q(lease_expires__lt=now),
         pk=operation_id,
@@ -57,6 +60,7 @@ def operation_claim(*, operation_id: str) -> Operation | None:
     ).update(
         state=OperationState.RUNNING,
         lease_expires=now + LEASE,
+        lease_token=token,
         start_time=now,
     )
     if not taken:
@@ -70,13 +74,14 @@ def operation_claim(*, operation_id: str) -> Operation | None:
 def operation_progress(
     operation: Operation, progress: int | None = None, message: str = ""
 ) -> None:
-    """Renew the lease and record progress; raise Superseded if the Operation ended."""
+    """Renew the lease and record progress; raise Superseded, writing nothing, if the
+    Operation ended or another worker holds the lease now."""
     fields = {"lease_expires": timezone.now() + LEASE}
     if progress is not None:
         fields["progress"] = progress
     if message:
         fields["status_message"] = message[:500]
-    if not Operation.objects.filter(pk=operation.pk, state=OperationState.RUNNING).update(**fields):
+    if not _held(operation).update(**fields):
         raise Superseded()
     if progress is not None:
         operation.progress = progress
@@ -84,9 +89,16 @@ def operation_progress(
             time.sleep(settings.MTC_OPERATION_STEP_DELAY)
 
 
+def _held(operation: Operation):
+    """This worker's Operation, while its claim is the live one."""
+    return Operation.objects.filter(
+        pk=operation.pk, state=OperationState.RUNNING, lease_token=operation.lease_token
+    )
+
+
 def _finish(operation: Operation, state: str, *, code: str = "", message: str = "") -> bool:
     return bool(
-        Operation.objects.filter(pk=operation.pk, state=OperationState.RUNNING).update(
+        _held(operation).update(
             state=state,
             progress=100 if state == OperationState.SUCCEEDED else operation.progress,
             status_message="Done" if state == OperationState.SUCCEEDED else message[:500],

@@ -12,6 +12,8 @@ from django.conf import settings
 
 from mtc.fielderrors import FieldErrors
 
+# Every spec string is one line: control characters, NEL and U+2028/U+2029 refused.
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 ID_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -107,6 +109,9 @@ class _Checker:
             return None
         if len(value) > max_len:
             self.fail(path, f"At most {max_len} characters.")
+            return None
+        if CONTROL_RE.search(value):
+            self.fail(path, "No control characters or line/paragraph separators.")
             return None
         if choices is not None and value not in choices:
             self.fail(path, f"Must be one of: {', '.join(map(str, choices))}.")

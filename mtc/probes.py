@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import cache_control
+from django.views.decorators.csrf import csrf_exempt
 
 
 def healthz(request):
@@ -61,6 +62,7 @@ def plotly_js(request):
     return HttpResponse(_plotly_source(), content_type="application/javascript")
 
 
+@csrf_exempt  # any method on an unknown path is a JSON 404, not a CSRF page
 def api_not_found(request, *args, **kwargs):
     from mtc.api.errors import error_body
 

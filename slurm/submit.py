@@ -9,11 +9,13 @@ from typing import Any
 
 from mtc.fielderrors import FieldErrors
 
-NAME_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f]|#sbatch|\.\./", re.IGNORECASE)
+# Control characters, and NEL and the line/paragraph separators, which some readers
+# of a name (logs, terminals, JSON consumers) take as a line break.
+NAME_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]|#sbatch|\.\./", re.IGNORECASE)
 PARTITION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 ENV_RESERVED = re.compile(r"^(SLURM_|SBATCH_|SALLOC_|SRUN_|LD_|MTC_)|^(PATH|HOME|SHELL|IFS)$")
-ENV_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]|\$\(|`|\.\./")
+ENV_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]|\$\(|`|\.\./")
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED.
 TIME_RE = re.compile(
     r"^(\d{1,6}|\d{1,4}:\d{2}|\d{1,4}:\d{2}:\d{2}|\d{1,3}-\d{1,2}"

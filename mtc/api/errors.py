@@ -1,11 +1,16 @@
 """One error shape for the whole API: {"error": {"code", "message", "fields"}}."""
 
+import logging
 from typing import Any
 
-from django.http import Http404
+from django.http import Http404, JsonResponse
+from django.views import csrf as csrf_views
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(exceptions.APIException):
@@ -44,6 +49,41 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
+INTERNAL = ("INTERNAL", "The server failed on this request; the error is logged.")
+
+
+def api_error_response(code: str, message: str, *, status: int) -> JsonResponse:
+    return JsonResponse(error_body(code, message), status=status)
+
+
+def csrf_failure(request, reason: str = ""):
+    """CSRF_FAILURE_VIEW: the API answers in its own shape; pages keep Django's page."""
+    if request.path.startswith("/api/"):
+        return api_error_response(
+            "PERMISSION_DENIED",
+            f"CSRF check failed ({reason}); send a token instead.",
+            status=403,
+        )
+    return csrf_views.csrf_failure(request, reason=reason)
+
+
+class ApiErrorMiddleware:
+    """Views under /api/ that are not DRF's (the inference proxy, the 404 catch-all)
+    fail with the JSON error shape too, never Django's HTML 500 page."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if not request.path.startswith("/api/") or isinstance(exception, Http404):
+            return None
+        log.exception("API %s %s failed", request.method, request.path)
+        return api_error_response(*INTERNAL, status=500)
+
+
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict:
     return {"error": {"code": code, "message": message, "fields": fields or {}}}
 
@@ -54,8 +94,13 @@ def exception_handler(exc, context):
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     response = drf_exception_handler(exc, context)
-    if response is None:
-        return None
+    if response is None:  # a bug, not the client's fault: still the API's error shape
+        request = context.get("request")
+        log.exception(
+            "API %s %s failed", getattr(request, "method", "?"), getattr(request, "path", "?")
+        )
+        set_rollback()
+        return Response(error_body(*INTERNAL), status=500)
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)
         message = "Invalid request: " + "; ".join(f"{k}: {v}" for k, v in fields.items())
