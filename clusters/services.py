@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from mtc.queue import task_enqueue
+from mtc.queue import queue_require, task_enqueue
 
 from .choices import (
     CLUSTER_MUTABLE_STATES,
@@ -71,6 +71,7 @@ def operation_enqueue(operation: Operation, *, countdown: float | None = None) -
 def cluster_create(*, spec: Any, owner=None) -> Operation:
     """Validate ``spec`` and start creating the cluster. Raises SpecError or ClusterConflict."""
     clean = validate_cluster_spec(spec)
+    queue_require()  # a cluster row no worker will ever build is a half-made resource
     if Cluster.objects.filter(cluster_id=clean["cluster_id"]).exists():
         raise ClusterConflict(
             f"A cluster with id '{clean['cluster_id']}' already exists.",
@@ -117,6 +118,7 @@ def _active_operation(cluster: Cluster) -> Operation | None:
 def cluster_update(*, cluster: Cluster, patch: Any, owner=None) -> Operation:
     """Resize pools and change labels or display name (docs/api.md PATCH body)."""
     new_spec = validate_cluster_patch(cluster.spec, patch)
+    queue_require()
     with transaction.atomic():
         locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
         busy = _active_operation(locked)
@@ -147,6 +149,7 @@ def cluster_update(*, cluster: Cluster, patch: Any, owner=None) -> Operation:
 def cluster_retry(*, cluster: Cluster, owner=None) -> Operation:
     """Run the reconcile again for a cluster whose last Operation failed (ERROR): what
     exists is kept, what is missing is made (e.g. after a stockout clears)."""
+    queue_require()
     with transaction.atomic():
         locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
         busy = _active_operation(locked)
@@ -176,6 +179,7 @@ def cluster_retry(*, cluster: Cluster, owner=None) -> Operation:
 
 def cluster_delete(*, cluster: Cluster, owner=None) -> Operation:
     """Delete everything the cluster made. Supersedes a create or update in flight."""
+    queue_require()
     with transaction.atomic():
         locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
         existing = locked.operations.filter(

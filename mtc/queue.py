@@ -8,11 +8,49 @@ name is registered in every process (eager mode in tests included).
 
 from __future__ import annotations
 
+import logging
+
+import redis
 from celery import current_app
 from django.db import transaction
+from kombu.exceptions import OperationalError
+
+log = logging.getLogger(__name__)
+PING_TIMEOUT_S = 0.5
+
+
+class QueueUnavailable(Exception):
+    """The task queue (Redis) does not answer: a write that needs a worker is refused
+    (HTTP 503) before anything is made."""
+
+
+def queue_require() -> None:
+    """Raise QueueUnavailable unless the broker answers now. Called before a service
+    writes rows that only a worker can carry on (a cluster create, an endpoint)."""
+    if current_app.conf.task_always_eager:
+        return
+    try:
+        redis.Redis.from_url(
+            current_app.conf.broker_url,
+            socket_timeout=PING_TIMEOUT_S,
+            socket_connect_timeout=PING_TIMEOUT_S,
+        ).ping()
+    except redis.RedisError as exc:
+        raise QueueUnavailable(
+            "The task queue (Redis) is not reachable; nothing was changed. Try again shortly."
+        ) from exc
 
 
 def task_enqueue(name: str, *args, countdown: float | None = None) -> None:
-    """Send ``name(*args)`` after the surrounding transaction commits (at once outside one)."""
+    """Send ``name(*args)`` after the surrounding transaction commits (at once outside one).
+    The broker lost between the check and the send: the row stays as written, and the
+    periodic reconcile queues it once the broker is back (a write never half-fails)."""
     task = current_app.tasks[name]  # KeyError: a task that no app registered
-    transaction.on_commit(lambda: task.apply_async(args, countdown=countdown))
+
+    def send() -> None:
+        try:
+            task.apply_async(args, countdown=countdown, retry=False)
+        except (OperationalError, redis.RedisError) as exc:
+            log.warning("%s%s not queued (%s); the reconcile picks it up", name, args, exc)
+
+    transaction.on_commit(send)

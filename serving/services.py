@@ -17,7 +17,7 @@ from django.utils import timezone
 from identity import paths as identity_paths
 from identity.services import IdentityMissing
 from jobs import services as job_services
-from mtc.queue import task_enqueue
+from mtc.queue import queue_require, task_enqueue
 from slurm import SlurmError
 from slurm.submit import SubmissionError
 
@@ -51,6 +51,7 @@ def event_add(endpoint: Endpoint, kind: str, message: str) -> None:
 
 def endpoint_create(*, plan: DeployPlan, owner) -> Endpoint:
     """Record the endpoint; its reconcile (queued once this commits) starts the replicas."""
+    queue_require()
     with transaction.atomic():
         endpoint = Endpoint.objects.create(
             name=plan.name,

@@ -4,11 +4,14 @@ import logging
 from typing import Any
 
 from django.http import Http404, JsonResponse
+from django.shortcuts import render
 from django.views import csrf as csrf_views
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
+
+from mtc.queue import QueueUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,10 @@ class ApiErrorMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request, exception):
+        if isinstance(exception, QueueUnavailable):  # pages too: say so, keep serving
+            if request.path.startswith("/api/"):
+                return api_error_response("UNAVAILABLE", str(exception), status=503)
+            return render(request, "503.html", {"message": str(exception)}, status=503)
         if not request.path.startswith("/api/") or isinstance(exception, Http404):
             return None
         log.exception("API %s %s failed", request.method, request.path)
@@ -91,6 +98,8 @@ def error_body(code: str, message: str, fields: dict[str, Any] | None = None) ->
 def exception_handler(exc, context):
     if isinstance(exc, ApiError):
         return Response(error_body(exc.error_code, exc.message, exc.fields), status=exc.status_code)
+    if isinstance(exc, QueueUnavailable):
+        return Response(error_body("UNAVAILABLE", str(exc)), status=503)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     response = drf_exception_handler(exc, context)
