@@ -2,10 +2,15 @@
 
 from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 
-from .choices import OPERATION_ACTIVE_STATES, OperationKind, OperationState
+from .choices import CLUSTER_LIVE_STATES, OPERATION_ACTIVE_STATES, OperationKind, OperationState
 from .models import Cluster, Node, Operation
 
 _READY = Q(nodes__slurm_state__in=["IDLE", "ALLOCATED", "MIXED", "COMPLETING"])
+
+
+def live_clusters() -> QuerySet[Cluster]:
+    """The clusters the polls visit: those whose daemons should be up."""
+    return Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES).order_by("pk")
 
 
 def cluster_list() -> QuerySet[Cluster]:

@@ -5,9 +5,10 @@ import logging
 from celery import shared_task
 from celery.signals import worker_ready
 
+from mtc.polls import for_each, single_flight
+
 from . import operations
-from .choices import CLUSTER_LIVE_STATES
-from .models import Cluster
+from .selectors import live_clusters
 
 log = logging.getLogger(__name__)
 
@@ -18,15 +19,16 @@ def operation_run(operation_id: str) -> str:
 
 
 @shared_task(ignore_result=True)
+@single_flight("nodes")
 def nodes_poll_all() -> int:
     """The poller: one sinfo per live cluster; pages read what it stores."""
-    changed = 0
-    for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES):
-        changed += operations.nodes_sync(cluster=cluster)
-    return changed
+    return for_each(
+        live_clusters(), lambda cluster: operations.nodes_sync(cluster=cluster), what="node poll"
+    )
 
 
 @shared_task(ignore_result=True)
+@single_flight("reconcile")
 def clusters_reconcile_all() -> dict:
     return {
         "resumed": operations.operations_resume(),

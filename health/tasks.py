@@ -4,8 +4,8 @@ import logging
 
 from celery import shared_task
 
-from clusters.choices import CLUSTER_LIVE_STATES
-from clusters.models import Cluster
+from clusters.selectors import live_clusters
+from mtc.polls import for_each, single_flight
 
 from .poll import cluster_health_poll
 
@@ -13,11 +13,13 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(ignore_result=True)
+@single_flight("health")
 def health_poll_all() -> int:
-    flagged = 0
-    for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES):
-        flagged += cluster_health_poll(cluster)["unresponsive"]
-    return flagged
+    return for_each(
+        live_clusters(),
+        lambda cluster: cluster_health_poll(cluster)["unresponsive"],
+        what="health poll",
+    )
 
 
 @shared_task(ignore_result=True)
@@ -35,7 +37,7 @@ def cloud_metrics_export_all() -> int:
     from .cloud_metrics import cloud_metrics_export
 
     written = 0
-    for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES, provider="gce"):
+    for cluster in live_clusters().filter(provider="gce"):
         try:
             written += cloud_metrics_export(cluster=cluster)
         except ProviderError as exc:  # one project's trouble does not stop the others

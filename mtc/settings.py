@@ -180,6 +180,10 @@ CELERY_BEAT_SCHEDULE = {
     "tensorboard-idle": {"task": "recipes.tasks.tensorboards_stop_idle", "schedule": 60.0},
     "cloud-metrics-export": {"task": "health.tasks.cloud_metrics_export_all", "schedule": 60.0},
 }
+# A poll still queued when its next round is due is stale: it expires instead of
+# piling up behind a slow worker (the overlap lock is mtc.polls.single_flight).
+for _entry in CELERY_BEAT_SCHEDULE.values():
+    _entry.setdefault("options", {}).setdefault("expires", _entry["schedule"])
 # beat's shelve is created with the umask's mode: a 0700 folder keeps it mtc's alone.
 (DATA_DIR / "celery").mkdir(mode=0o700, exist_ok=True)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celery" / "celerybeat-schedule")

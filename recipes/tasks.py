@@ -2,20 +2,18 @@
 
 from celery import shared_task
 
-from clusters.choices import CLUSTER_LIVE_STATES
-from clusters.models import Cluster
+from clusters.selectors import live_clusters
+from mtc.polls import for_each, single_flight
 
 from . import tensorboard
 from .metrics import recipe_jobs_ingest
 
 
 @shared_task(ignore_result=True)
+@single_flight("recipe-metrics")
 def recipe_metrics_ingest_all() -> int:
     """Read the metrics every live cluster's recipe jobs wrote since the last round."""
-    return sum(
-        recipe_jobs_ingest(cluster)
-        for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES)
-    )
+    return for_each(live_clusters(), recipe_jobs_ingest, what="recipe metrics")
 
 
 @shared_task(ignore_result=True)

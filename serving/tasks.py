@@ -2,11 +2,14 @@
 
 from celery import shared_task
 
+from mtc.polls import single_flight
+
 from .models import Endpoint
 from .reconcile import endpoint_reconcile as reconcile
 
 
 @shared_task(ignore_result=True)
+@single_flight("serving")
 def endpoints_reconcile_all() -> int:
     """Beat, every few seconds: one reconcile task per endpoint."""
     ids = list(Endpoint.objects.values_list("id", flat=True))
