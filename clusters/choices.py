@@ -40,3 +40,8 @@ class NodeLifecycle(models.TextChoices):
     PROVISIONING = "PROVISIONING"  # row exists; the node's daemon may not run yet
     ACTIVE = "ACTIVE"  # part of the cluster
     DRAINING = "DRAINING"  # being removed: drained in Slurm, waiting for its jobs
+
+
+# A node's reason while the cluster's controller does not answer: one outage of the
+# whole cluster, not a failure of each node (health checks and repairs wait for it).
+CONTROLLER_DOWN_REASON = "controller not answering"

@@ -26,6 +26,7 @@ from slurm import SlurmError
 
 from .choices import (
     CLUSTER_LIVE_STATES,
+    CONTROLLER_DOWN_REASON,
     OPERATION_ACTIVE_STATES,
     ClusterState,
     NodeLifecycle,
@@ -379,30 +380,32 @@ def _wait_for_other_leases(operation: Operation) -> None:
 def nodes_sync(*, cluster: Cluster, provider=None) -> int:
     """Read Slurm's node states once (one sinfo) and store the changes. Returns rows changed."""
     provider = provider or get_provider(cluster.provider)
+    controller_error = "no node registered"
     try:
         seen = {n.name: n for n in provider.describe(cluster)}
     except SlurmError as exc:
-        seen = {}
+        seen, controller_error = {}, str(exc)
         log.info("sinfo for %s failed: %s", cluster.cluster_id, exc)
     now = timezone.now()
     changed = []
     for node in cluster.nodes.all():
         info = seen.get(node.name)
         state = info.display_state.upper() if info else "UNKNOWN"
-        reason = info.reason if info else ("controller not answering" if not seen else "")
+        reason = info.reason if info else (CONTROLLER_DOWN_REASON if not seen else "")
         if node.slurm_state != state or node.slurm_reason != reason:
             node.slurm_state, node.slurm_reason, node.state_time = state, reason[:300], now
             changed.append(node)
     Node.objects.bulk_update(changed, ["slurm_state", "slurm_reason", "state_time"])
-    _update_degraded(cluster)
+    _update_degraded(cluster, controller_error="" if seen else controller_error)
     return len(changed)
 
 
 BAD_NODE_STATES = ("DOWN", "UNKNOWN", "FAIL")
 
 
-def _update_degraded(cluster: Cluster) -> None:
-    """RUNNING <-> DEGRADED by node health, only when no Operation owns the state."""
+def _update_degraded(cluster: Cluster, *, controller_error: str = "") -> None:
+    """RUNNING <-> DEGRADED by node health, only when no Operation owns the state; the
+    why is in state_message when the controller itself does not answer."""
     bad = Q()
     for word in BAD_NODE_STATES:
         bad |= Q(slurm_state__contains=word)
@@ -413,9 +416,18 @@ def _update_degraded(cluster: Cluster) -> None:
         if degraded
         else (ClusterState.RUNNING, ClusterState.DEGRADED)
     )
-    Cluster.objects.filter(pk=cluster.pk, state=source).exclude(
+    message = (
+        f"The controller is not answering ({controller_error[:200]}); node checks and "
+        "repairs wait until it is back."
+        if controller_error
+        else ""
+    )
+    live = Cluster.objects.filter(pk=cluster.pk).exclude(
         operations__state__in=OPERATION_ACTIVE_STATES
-    ).update(state=target)
+    )
+    live.filter(state=source).update(state=target, state_message=message)
+    if target == ClusterState.DEGRADED:  # already degraded: keep the why current
+        live.filter(state=target).exclude(state_message=message).update(state_message=message)
 
 
 def operations_resume() -> list[str]:

@@ -8,7 +8,12 @@ import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
-from clusters.choices import NodeLifecycle
+from clusters.choices import (
+    CONTROLLER_DOWN_REASON,
+    OPERATION_ACTIVE_STATES,
+    NodeLifecycle,
+    OperationKind,
+)
 from clusters.models import Cluster
 from clusters.providers import get_provider
 
@@ -50,10 +55,26 @@ def _agent_files(cluster: Cluster, provider, nodes) -> int:
     return ingested
 
 
+def whole_cluster_outage(cluster: Cluster) -> str:
+    """Why this cluster's nodes must not be judged one by one now ("" when they may):
+    its controller does not answer (one outage, which the restore handles), or an
+    Operation such as that restore is bringing its daemons back."""
+    if cluster.nodes.filter(slurm_reason=CONTROLLER_DOWN_REASON).exists():
+        return "the controller is not answering"
+    busy = cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).exclude(
+        kind=OperationKind.REPAIR_NODE
+    )
+    if busy.exists():
+        return "an operation on the cluster is running"
+    return ""
+
+
 def cluster_health_poll(cluster: Cluster) -> dict[str, int]:
     provider = get_provider(cluster.provider)
     nodes = list(cluster.nodes.filter(lifecycle=NodeLifecycle.ACTIVE).select_related("pool"))
     ingested = _agent_files(cluster, provider, nodes)
+    if whole_cluster_outage(cluster):  # no node failures, no repairs: the restore first
+        return {"ingested": ingested, "unresponsive": 0}
     in_repair = set(
         Repair.objects.filter(cluster=cluster, state=RepairState.RUNNING).values_list(
             "node_id", flat=True

@@ -133,3 +133,25 @@ def test_node_whose_port_is_taken_moves_to_another(local_clusters, monkeypatch, 
     assert cluster.operations.first().state == "SUCCEEDED"
     assert Node.objects.get(name="mv-gpu-0").port != last + 2
     assert sinfo_json("mv") == {"mv-gpu-0": "idle", "mv-gpu-1": "idle"}
+
+
+def test_a_whole_cluster_outage_is_one_outage_and_the_restore_comes_first(cluster):
+    from health.models import NodeFailure, Repair
+    from health.poll import cluster_health_poll
+
+    provider = get_provider("local")
+    provider.stop_cluster(cluster)  # every daemon gone, as after a host restart
+    operations.nodes_sync(cluster=cluster)
+    stopped = Cluster.objects.get(pk=cluster.pk)
+    assert stopped.state == "DEGRADED"
+    assert "controller is not answering" in stopped.state_message
+    assert cluster_health_poll(stopped) == {"ingested": 0, "unresponsive": 0}
+    assert not NodeFailure.objects.exists() and not Repair.objects.exists()
+
+    assert operations.clusters_restore() == ["pv"]  # runs at once (eager Celery)
+    operations.nodes_sync(cluster=cluster)
+    back = Cluster.objects.get(pk=cluster.pk)
+    assert back.state == "RUNNING" and back.state_message == ""
+    assert sinfo_json("pv") == {"pv-gpu-0": "idle", "pv-gpu-1": "idle"}
+    assert cluster_health_poll(back)["unresponsive"] == 0
+    assert not NodeFailure.objects.exists() and not Repair.objects.exists()
