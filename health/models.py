@@ -37,6 +37,10 @@ class NodeFailure(models.Model):
     # When the node's agent was asked for a deeper DCGM round because of this failure
     # (once per failure: a suspicion is checked, not re-checked every round).
     deep_check_time = models.DateTimeField(null=True, blank=True)
+    # What else, besides the first agent report, has seen this failure: "" (nothing yet),
+    # "repeat" (a later report of the agent), "controller" (a check mtc ran or saw itself),
+    # "operator". A destructive repair (reimage, replace) needs it (health/policy.py).
+    confirmed_by = models.CharField(max_length=16, blank=True, default="")
 
     class Meta:
         ordering = ["-first_seen", "-id"]

@@ -118,6 +118,17 @@ def next_action(code: str, attempts_done: int) -> str | None:
     return ladder[attempts_done] if attempts_done < len(ladder) else None
 
 
+# Repairs that wipe or swap the machine. One report from a node's agent is a claim (a
+# buggy agent, a bad round, a forged report): it may drain the node, or reboot it, but a
+# destructive repair needs a second signal on the failure first: a repeat in a later report,
+# a check mtc ran or saw itself (controller side), or an operator.
+DESTRUCTIVE = frozenset({REIMAGE, REPLACE})
+
+
+def needs_second_signal(action: str | None, confirmed_by: str) -> bool:
+    return action in DESTRUCTIVE and not confirmed_by
+
+
 # A node far below its pool's median speed (the speed check) is SLOW.
 SLOW_FRACTION = 0.6
 SLOW_ROUNDS = 2  # consecutive slow reports before a node is SLOW

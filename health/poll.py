@@ -3,7 +3,6 @@ and waiting repairs started."""
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +18,7 @@ from clusters.providers import get_provider
 
 from .choices import RepairState
 from .models import Repair
+from .report_schema import ReportInvalid, body_parse, file_signature_valid, report_validate
 from .services import agent_report_accept, failures_update, repairs_dispatch, report_time
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,8 @@ UNRESPONSIVE_STATES = ("DOWN", "NOT_RESPONDING")
 def _agent_files(cluster: Cluster, provider, nodes) -> int:
     """Reports the node agents wrote (health.json in each node dir) that did not reach the
     API: the agent writes the file, then POSTs the same report, and whichever arrives
-    first is stored (by the report's own time, which the API path records too)."""
+    first is stored (by the report's own time, which the API path records too). A file
+    counts only when signed with the node's token and valid as the API would check it."""
     if not hasattr(provider, "node_dir"):
         return 0
     ingested = 0
@@ -42,12 +43,20 @@ def _agent_files(cluster: Cluster, provider, nodes) -> int:
         if node.last_report_time and mtime <= node.last_report_time:
             continue
         try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
+            report = body_parse(path.read_bytes())
+        except (OSError, ReportInvalid):
             continue
-        if not isinstance(report, dict):
+        # Only a file written with the node's token (signed by its agent), and only a report
+        # the API would take: the same checks at the door.
+        if not isinstance(report, dict) or not file_signature_valid(report, node.agent_token_hash):
+            log.warning("%s: health.json not signed with the node's token; ignored", node.name)
             continue
-        report.setdefault("time", mtime.timestamp())
+        report = {k: v for k, v in report.items() if k != "signature"}
+        try:
+            report_validate(report, node=node.name)
+        except ReportInvalid as exc:
+            log.warning("%s: health.json refused: %s", node.name, exc)
+            continue
         if node.last_report_time and report_time(report) <= node.last_report_time:
             continue  # delivered through the API already
         if agent_report_accept(node=node, report=report) is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import math
+
 from django.db.models import Count, Max
 from django.http import HttpResponse
 from rest_framework.views import APIView
@@ -10,6 +13,8 @@ from clusters.models import Cluster, Node
 from jobs.models import Job
 
 from .models import HealthReport, NodeFailure, Repair
+
+log = logging.getLogger(__name__)
 
 # (metric, help, field in the gpu check's telemetry, scale)
 GPU_GAUGES = (
@@ -43,6 +48,45 @@ def _label(value) -> str:
 def _line(name: str, labels: dict, value) -> str:
     inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
     return f"{name}{{{inner}}} {float(value):g}"
+
+
+def _number(value, scale=1) -> float | None:
+    """A finite float from a stored figure, else None (strings, NaN, huge, missing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value) * scale
+    except (OverflowError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _dicts(items) -> list[dict]:
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+
+def _report_lines(report, speed_lines: list, gpu_lines: dict, host_lines: dict) -> None:
+    base = {"cluster": report.node.cluster.cluster_id, "node": report.node.name}
+    for check in _dicts(report.checks):
+        details = check.get("details") if isinstance(check.get("details"), dict) else {}
+        name = check.get("name")
+        if name == "host":
+            for metric, _text, key, scale in HOST_GAUGES:
+                if (value := _number(details.get(key), scale)) is not None:
+                    host_lines[metric].append(_line(metric, base, value))
+        if name == "speed" and (value := _number(details.get("gflops"))):
+            speed_lines.append(_line("mtc_node_speed_gflops", base, value))
+        if name == "gpu":
+            for gpu in _dicts(details.get("telemetry")):
+                index = gpu.get("index")
+                labels = {
+                    **base,
+                    "gpu": index if isinstance(index, int) else str(index)[:20],
+                    "emulated": str(report.node.gpus_emulated).lower(),
+                }
+                for metric, _text, key, scale in GPU_GAUGES:
+                    if (value := _number(gpu.get(key), scale)) is not None:
+                        gpu_lines[metric].append(_line(metric, labels, value))
 
 
 def render() -> str:
@@ -101,25 +145,10 @@ def render() -> str:
     speed_lines, gpu_lines = [], {name: [] for name, *_ in GPU_GAUGES}
     host_lines = {name: [] for name, *_ in HOST_GAUGES}
     for report in reports:
-        base = {"cluster": report.node.cluster.cluster_id, "node": report.node.name}
-        for check in report.checks:
-            details = check.get("details") or {}
-            if check.get("name") == "host":
-                for name, _text, key, scale in HOST_GAUGES:
-                    if details.get(key) is not None:
-                        host_lines[name].append(_line(name, base, details[key] * scale))
-            if check.get("name") == "speed" and details.get("gflops"):
-                speed_lines.append(_line("mtc_node_speed_gflops", base, details["gflops"]))
-            if check.get("name") == "gpu":
-                for gpu in details.get("telemetry") or []:
-                    labels = {
-                        **base,
-                        "gpu": gpu.get("index"),
-                        "emulated": str(report.node.gpus_emulated).lower(),
-                    }
-                    for name, _text, key, scale in GPU_GAUGES:
-                        if gpu.get(key) is not None:
-                            gpu_lines[name].append(_line(name, labels, gpu[key] * scale))
+        try:  # stored data may be odd (old agents, hand edits): skip what cannot be read
+            _report_lines(report, speed_lines, gpu_lines, host_lines)
+        except Exception:
+            log.warning("metrics: report %s skipped", report.pk, exc_info=True)
     family("mtc_node_speed_gflops", "gauge", "The speed check's matrix multiply rate")
     out += speed_lines
     for name, text, _key, _scale in GPU_GAUGES:

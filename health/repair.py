@@ -138,6 +138,14 @@ def repair_execute(operation: Operation) -> None:
 def _repair_succeeded(repair: Repair) -> None:
     now = timezone.now()
     Repair.objects.filter(pk=repair.pk).update(state=RepairState.SUCCEEDED, end_time=now)
+    if repair.action == RepairAction.DRAIN:
+        # Out of service, nothing fixed: the failure stays open, its ladder unspent, and a
+        # repeat of it (or an operator) moves on to the repair the drain held back.
+        NodeFailure.objects.filter(pk=repair.failure_id, state=FailureState.REPAIRING).update(
+            state=FailureState.OPEN
+        )
+        node_health_refresh(repair.node)
+        return
     if repair.failure_id:
         NodeFailure.objects.filter(pk=repair.failure_id).update(repair_attempts=repair.attempt)
     # The node passed all its checks after the action: every failure it had is gone.

@@ -24,7 +24,15 @@ from .choices import (
     Severity,
 )
 from .models import HealthReport, NodeFailure, Repair
-from .policy import SLOW_FRACTION, SLOW_ROUNDS, dcgm_level_for, mode_for, next_action
+from .policy import (
+    SLOW_FRACTION,
+    SLOW_ROUNDS,
+    dcgm_level_for,
+    mode_for,
+    needs_second_signal,
+    next_action,
+)
+from .retention import reports_prune  # noqa: F401  (its home was here)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +109,7 @@ def agent_report_accept(*, node: Node, report: dict) -> HealthReport | None:
     newer = Q(last_report_time__isnull=True) | Q(last_report_time__lt=when)
     if not Node.objects.filter(newer, pk=node.pk).update(last_report_time=when):
         return None
-    return report_ingest(node=node, report={**report, "time": when.timestamp()})
+    return report_ingest(node=node, report={**report, "time": when.timestamp()}, pushed=True)
 
 
 def deep_check_request(*, node: Node) -> dict | None:
@@ -123,8 +131,11 @@ def deep_check_request(*, node: Node) -> dict | None:
     }
 
 
-def report_ingest(*, node: Node, report: dict, source: str = "agent") -> HealthReport:
-    """Store a report and classify its findings into failures."""
+def report_ingest(
+    *, node: Node, report: dict, source: str = "agent", pushed: bool = False
+) -> HealthReport:
+    """Store a report and classify its findings into failures. ``pushed``: the node's agent
+    sent it (API or health.json), a claim; else mtc ran the checks itself (controller side)."""
     checks = report.get("checks") if isinstance(report.get("checks"), list) else []
     findings = [
         {
@@ -150,15 +161,20 @@ def report_ingest(*, node: Node, report: dict, source: str = "agent") -> HealthR
         if extra:
             findings += extra
             HealthReport.objects.filter(pk=row.pk).update(findings=findings, ok=False)
-    failures_update(node=node, findings=findings, source=source)
+    failures_update(node=node, findings=findings, source=source, pushed=pushed)
     return row
 
 
-def failures_update(*, node: Node, findings: list[dict], source: str) -> list[NodeFailure]:
-    """Open failures for new critical modes, refresh the ones seen again, and close
-    warnings that are gone. Then plan repairs for what is open."""
+def failures_update(
+    *, node: Node, findings: list[dict], source: str, pushed: bool = False
+) -> list[NodeFailure]:
+    """Open failures for new critical modes, refresh the ones seen again (a second sighting
+    confirms a failure), and close warnings that are gone. Then plan repairs for what is
+    open and has none: new failures, and those seen again after a drain held for a second
+    signal."""
     now = timezone.now()
-    opened = []
+    opened, again = [], []
+    sighting = "repeat" if pushed else "controller"
     for finding in findings:
         mode = mode_for(finding["code"])
         try:
@@ -174,12 +190,18 @@ def failures_update(*, node: Node, findings: list[dict], source: str) -> list[No
                         first_seen=now,
                         last_seen=now,
                         state=FailureState.OPEN,
+                        confirmed_by="" if pushed else "controller",
                     ),
                 )
         except IntegrityError:  # a concurrent report opened it
             continue
         if not created:
-            NodeFailure.objects.filter(pk=failure.pk).update(last_seen=now)
+            failure.confirmed_by = failure.confirmed_by or sighting
+            NodeFailure.objects.filter(pk=failure.pk).update(
+                last_seen=now, confirmed_by=failure.confirmed_by
+            )
+            if mode.severity == Severity.CRITICAL and failure.state == FailureState.OPEN:
+                again.append(failure)
         elif mode.severity == Severity.CRITICAL:
             opened.append(failure)
     seen = {f["code"] for f in findings}
@@ -189,11 +211,12 @@ def failures_update(*, node: Node, findings: list[dict], source: str) -> list[No
         node=node, state=FailureState.OPEN, severity=Severity.WARNING
     ).exclude(mode__in=seen).update(state=FailureState.RESOLVED, resolved_time=now)
     node_health_refresh(node)
-    if opened:
+    due = opened + [f for f in again if next_action(f.mode, f.repair_attempts) is not None]
+    if due:
         # One repair at a time per node: the one whose action reaches deepest.
         repair_plan(
             failure=max(
-                opened, key=lambda f: ACTION_STRENGTH.get(next_action(f.mode, f.repair_attempts), 0)
+                due, key=lambda f: ACTION_STRENGTH.get(next_action(f.mode, f.repair_attempts), 0)
             )
         )
     return opened
@@ -221,14 +244,29 @@ def node_health_refresh(node: Node) -> None:
 def repair_plan(
     *, failure: NodeFailure, requested_by=None, action: str | None = None
 ) -> Repair | None:
-    """The next repair for a failure (by the policy's ladder, or the operator's choice)."""
+    """The next repair for a failure (by the policy's ladder, or the operator's choice). A
+    destructive action the failure has no second signal for yet becomes a drain: the node
+    leaves service, and the action waits for a repeat, a controller-side check or an
+    operator (policy.needs_second_signal)."""
     action = action or next_action(failure.mode, failure.repair_attempts)
     if action is None:
         log.warning("node %s: no repair left for %s", failure.node_id, failure.mode)
         return None
+    held = requested_by is None and needs_second_signal(action, failure.confirmed_by)
+    message = f"{failure.mode}: {mode_for(failure.mode).meaning}"
+    if held:
+        message += f"; drained, {action} waits for a second signal (repeat, check, operator)"
+        action = RepairAction.DRAIN
     cluster = Cluster.objects.get(pk=failure.cluster_id)
-    if Repair.objects.filter(node_id=failure.node_id, state__in=REPAIR_ACTIVE_STATES).exists():
-        return None  # one repair per node at a time
+    active = Repair.objects.filter(node_id=failure.node_id, state__in=REPAIR_ACTIVE_STATES).first()
+    if active is not None:  # one repair per node at a time
+        if action != RepairAction.DRAIN and _held_drain_upgrade(
+            active, failure, action, requested_by, message
+        ):
+            repairs_dispatch(cluster=cluster)
+            active.refresh_from_db()
+            return active
+        return None
     state = (
         RepairState.PENDING_APPROVAL
         if cluster.repair_requires_approval and requested_by is None
@@ -256,13 +294,30 @@ def repair_plan(
             attempt=failure.repair_attempts + 1,
             requested_by=requested_by,
             operation=operation,
-            message=f"{failure.mode}: {mode_for(failure.mode).meaning}",
+            message=message[:500],
         )
         operation.params = {"repair_id": repair.pk}
         operation.save(update_fields=["params"])
     repairs_dispatch(cluster=cluster)
     repair.refresh_from_db()
     return repair
+
+
+def _held_drain_upgrade(active: Repair, failure, action: str, requested_by, message: str) -> bool:
+    """A drain held for a second signal that has not started becomes the repair it held."""
+    if active.action != RepairAction.DRAIN or active.state == RepairState.RUNNING:
+        return False
+    state = RepairState.WAITING if requested_by is not None else active.state
+    return bool(
+        Repair.objects.filter(pk=active.pk, state=active.state, action=RepairAction.DRAIN).update(
+            action=action,
+            failure=failure,
+            state=state,
+            attempt=failure.repair_attempts + 1,
+            requested_by=requested_by or active.requested_by,
+            message=message[:500],
+        )
+    )
 
 
 def repair_request(*, node: Node, action: str, requested_by) -> Repair:
@@ -286,6 +341,9 @@ def repair_request(*, node: Node, action: str, requested_by) -> Repair:
             first_seen=now,
             last_seen=now,
         )
+    # The operator is the second signal a destructive repair needs (policy.py).
+    NodeFailure.objects.filter(pk=failure.pk, confirmed_by="").update(confirmed_by="operator")
+    failure.confirmed_by = failure.confirmed_by or "operator"
     repair = repair_plan(failure=failure, requested_by=requested_by, action=action)
     if repair is None:
         raise RepairConflict(f"Node {node.name} already has a repair in progress.")
@@ -339,35 +397,3 @@ def repairs_dispatch(*, cluster: Cluster) -> list[Repair]:
         node_health_refresh(repair.node)
         started.append(repair)
     return started
-
-
-# --- retention ---------------------------------------------------------------
-REPORTS_FULL_DAYS = 1  # every report kept this long
-REPORTS_HOURLY_DAYS = 14  # then one report per node and hour, then none
-
-
-def reports_prune(*, now=None, batch: int = 50_000) -> int:
-    """Downsample old health reports: all for a day, hourly for two weeks, then gone.
-    Returns how many were deleted."""
-    from datetime import timedelta
-
-    now = now or timezone.now()
-    deleted, _ = HealthReport.objects.filter(
-        time__lt=now - timedelta(days=REPORTS_HOURLY_DAYS)
-    ).delete()
-    keep: dict[tuple, int] = {}
-    drop: list[int] = []
-    rows = (
-        HealthReport.objects.filter(time__lt=now - timedelta(days=REPORTS_FULL_DAYS))
-        .order_by("-time", "-id")
-        .values_list("id", "node_id", "source", "time")[:batch]
-    )
-    for pk, node_id, source, when in rows:
-        bucket = (node_id, source, when.replace(minute=0, second=0, microsecond=0))
-        if bucket in keep:
-            drop.append(pk)  # a later report already stands for this hour
-        else:
-            keep[bucket] = pk
-    for start in range(0, len(drop), 900):
-        HealthReport.objects.filter(pk__in=drop[start : start + 900]).delete()
-    return deleted + len(drop)

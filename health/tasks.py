@@ -24,7 +24,7 @@ def health_poll_all() -> int:
 
 @shared_task(ignore_result=True)
 def health_reports_prune() -> int:
-    from .services import reports_prune
+    from .retention import reports_prune
 
     return reports_prune()
 

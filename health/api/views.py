@@ -16,6 +16,7 @@ from .. import services
 from ..faults import FaultError, fault_clear, fault_inject
 from ..models import HealthReport, NodeFailure, Repair
 from ..policy import mode_for
+from ..report_schema import MAX_BODY_BYTES, ReportInvalid, body_parse, report_validate
 
 
 def _node(cluster_id: str, node_name: str) -> Node:
@@ -72,6 +73,7 @@ class NodeHealthView(APIView):
                         "first_seen": f.first_seen,
                         "last_seen": f.last_seen,
                         "repair_attempts": f.repair_attempts,
+                        "confirmed_by": f.confirmed_by,
                         "resolved_time": f.resolved_time,
                     }
                     for f in failures
@@ -181,10 +183,23 @@ class AgentReportView(APIView):
         request={"application/json": {"type": "object"}},
         responses={202: {"type": "object"}, 200: {"type": "object"}},
         description="202: stored (``next_round`` may ask for a deeper DCGM round); 200: a "
-        "report no newer than the node's last (already stored), not stored again.",
+        "report no newer than the node's last (already stored), not stored again; 400: the "
+        "report is not what the agent sends (``fields`` names each bad JSON path), nothing "
+        "stored; 401: not the node's token; 413: larger than 256 KiB.",
     )
     def post(self, request, cluster_id, node):
         node = _node(cluster_id, node)
+        try:
+            size = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            size = 0
+        if size > MAX_BODY_BYTES:  # refused before the body is read
+            raise ApiError(
+                code="INVALID_ARGUMENT",
+                message=f"A report is at most {MAX_BODY_BYTES} bytes.",
+                fields={"body": f"Larger than {MAX_BODY_BYTES} bytes."},
+                status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            )
         header = request.headers.get("Authorization", "")
         token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
         if not token or not node_token_valid(node, token):
@@ -193,13 +208,11 @@ class AgentReportView(APIView):
                 message="A valid node token is required.",
                 status_code=status.HTTP_401_UNAUTHORIZED,
             )
-        if not isinstance(request.data, dict) or request.data.get("node") != node.name:
-            raise ApiError(
-                code="INVALID_ARGUMENT",
-                message="The report must be a JSON object for this node.",
-                fields={"node": "Must be this node's name."},
-            )
-        report = services.agent_report_accept(node=node, report=request.data)
+        try:
+            report = report_validate(body_parse(request.body), node=node.name)
+        except ReportInvalid as exc:
+            raise ApiError(code="INVALID_ARGUMENT", message=str(exc), fields=exc.fields) from exc
+        report = services.agent_report_accept(node=node, report=report)
         if report is None:
             # Already stored (the poller read the same report from the node's health.json
             # first), or older than the node's last: accepted, nothing to do.

@@ -818,6 +818,9 @@ class Agent:
         "power.draw": "power_w",
         "ecc.errors.uncorrected.volatile.total": "ecc_uncorrected_volatile",
     }
+    # A figure nvidia-smi cannot give (e.g. "[GPU requires reset]") is reported as null: mtc
+    # takes a number or null there.
+    NUMERIC_FIELDS = frozenset(list(QUERY_FIELDS)[4:])
 
     def gpu_rows(self, check: Check) -> list[dict]:
         """One ``nvidia-smi --query-gpu`` per round: index, bus id, uuid and telemetry."""
@@ -835,7 +838,12 @@ class Agent:
                 )
                 fields = list(self.QUERY_FIELDS)
                 rows = [
-                    {self.QUERY_FIELDS[f]: v for f, v in row.items()}
+                    {
+                        self.QUERY_FIELDS[f]: (
+                            None if f in self.NUMERIC_FIELDS and isinstance(v, str) else v
+                        )
+                        for f, v in row.items()
+                    }
                     for row in parse_query_gpu_csv(proc.stdout, fields)
                 ]
                 self._lost_rows = parse_query_gpu_lost(proc.stdout)
@@ -1389,6 +1397,18 @@ def critical_codes(report: dict) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
+def sign_report(report: dict, token: str) -> dict:
+    """The report as written to ``--output`` when the agent has a token: with ``signature``,
+    HMAC-SHA256 of its canonical JSON keyed by the SHA-256 of the token (what mtc stores), so
+    that mtc reads a health.json file only when it was written with the node's token."""
+    key = hashlib.sha256(token.encode()).hexdigest().encode().ljust(64, b"\0")  # one block
+    body = json.dumps(report, sort_keys=True, separators=(",", ":")).encode()
+    # HMAC (RFC 2104) by hand: the node side keeps to the few stdlib modules it allows.
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in key) + body).digest()
+    mac = hashlib.sha256(bytes(b ^ 0x5C for b in key) + inner).hexdigest()
+    return dict(report, signature="hmac-sha256:" + mac)
+
+
 def write_atomic(path: str, text: str) -> None:
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
@@ -1729,19 +1749,20 @@ def main(argv=None) -> int:
         if args.slurm_drain and codes:  # before reporting, which may retry for a while
             slurm_drain(agent, settings["node"], codes)
         delivered = True
-        if args.output:
+        if (settings["url"] or args.output) and args.token_file and not args.token:
+            # Read again each round: a node given a new token keeps reporting.
             try:
-                write_atomic(args.output, json.dumps(report, indent=2) + "\n")
+                with open(args.token_file, encoding="utf-8") as fh:
+                    settings["token"] = fh.read().strip() or settings["token"]
+            except OSError as exc:
+                log(f"cannot read token file (keeping the last token): {exc}")
+        if args.output:
+            written = sign_report(report, settings["token"]) if settings["token"] else report
+            try:
+                write_atomic(args.output, json.dumps(written, indent=2) + "\n")
             except OSError as exc:
                 log(f"cannot write {args.output}: {exc}")
         if settings["url"]:
-            if args.token_file and not args.token:
-                # Read again each round: a node given a new token keeps reporting.
-                try:
-                    with open(args.token_file, encoding="utf-8") as fh:
-                        settings["token"] = fh.read().strip() or settings["token"]
-                except OSError as exc:
-                    log(f"cannot read token file (keeping the last token): {exc}")
             outcome, answer = deliver(
                 settings["url"],
                 settings["token"],
