@@ -452,7 +452,12 @@ def clusters_restore() -> list[str]:
     start an Operation that brings their daemons back."""
     restored = []
     for cluster in Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES):
-        if cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).exists():
+        # Repairs still waiting for their turn do not hold the restore back: it comes
+        # first, and they wait while the controller is down.
+        busy = cluster.operations.filter(state__in=OPERATION_ACTIVE_STATES).exclude(
+            kind=OperationKind.REPAIR_NODE, state=OperationState.PENDING
+        )
+        if busy.exists():
             continue
         provider = get_provider(cluster.provider)
         try:

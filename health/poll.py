@@ -84,12 +84,16 @@ def cluster_health_poll(cluster: Cluster) -> dict[str, int]:
     ingested = _agent_files(cluster, provider, nodes)
     if whole_cluster_outage(cluster):  # no node failures, no repairs: the restore first
         return {"ingested": ingested, "unresponsive": 0}
+    dead = {n.pk for n in provider.dead_nodes(cluster, nodes)}
+    if len(nodes) > 1 and len(dead) == len(nodes):
+        # Every daemon gone at once is the host (or the zone), not each node: the
+        # restore brings them back, before the poller has even seen them go.
+        return {"ingested": ingested, "unresponsive": 0}
     in_repair = set(
         Repair.objects.filter(cluster=cluster, state=RepairState.RUNNING).values_list(
             "node_id", flat=True
         )
     )
-    dead = {n.pk for n in provider.dead_nodes(cluster, nodes)}
     flagged = 0
     for node in nodes:
         if node.pk in in_repair:

@@ -17,13 +17,14 @@ from .conftest import make_spec
 
 
 @pytest.fixture
-def broker_down():
-    """A broker URL where nothing listens, and Celery out of eager mode."""
-    conf = current_app.conf
-    kept = {"task_always_eager": conf.task_always_eager, "broker_url": conf.broker_url}
-    conf.update(task_always_eager=False, broker_url=f"redis://127.0.0.1:{free_port()}/0")
+def broker_down(settings):
+    """A broker URL where nothing listens, and Celery out of eager mode. Through
+    Django's settings, which Celery's config reads: the fixture undoes it."""
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{free_port()}/0"
     yield
-    conf.update(kept)
+    # Celery keeps the connection pool it made for the dead URL: later tests need theirs.
+    current_app._after_fork()
 
 
 def test_create_with_the_queue_down_is_a_503_and_makes_nothing(db, operator_api, broker_down):
@@ -45,7 +46,7 @@ def test_pages_say_the_queue_is_down(db, operator, client, broker_down, settings
 
 
 def test_an_enqueue_lost_after_the_write_is_picked_up_by_the_reconcile(
-    db, operator_api, broker_down, monkeypatch, django_capture_on_commit_callbacks
+    db, operator_api, broker_down, settings, monkeypatch, django_capture_on_commit_callbacks
 ):
     monkeypatch.setattr("clusters.services.queue_require", lambda: None)  # Redis dies just after
     with django_capture_on_commit_callbacks(execute=True):
@@ -56,7 +57,7 @@ def test_an_enqueue_lost_after_the_write_is_picked_up_by_the_reconcile(
     Operation.objects.filter(pk=operation.pk).update(
         create_time=timezone.now() - timedelta(seconds=31)
     )
-    current_app.conf.task_always_eager = True  # the broker is back (the fixture resets it)
+    settings.CELERY_TASK_ALWAYS_EAGER = True  # the broker is back
     sent = []
     monkeypatch.setattr(operations, "operation_enqueue", lambda op, **kw: sent.append(op.pk))
     assert operations.operations_resume() == [str(operation.pk)] and sent == [operation.pk]
