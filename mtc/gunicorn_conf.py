@@ -1,0 +1,33 @@
+"""gunicorn's settings for mtc's web server: `make run` (mtc/devstack.py) and the systemd
+unit (deploy/mtc-web.service) both start `gunicorn -c python:mtc.gunicorn_conf`.
+
+MTC_BIND         where to listen (default 127.0.0.1:$MTC_PORT: the TLS proxy is in front)
+MTC_WEB_WORKERS  processes (default: one per core)
+MTC_WEB_THREADS  threads per process (default 6)
+"""
+
+import os
+
+bind = os.environ.get("MTC_BIND", f"127.0.0.1:{os.environ.get('MTC_PORT', '8000')}")
+
+# gthread: one process per core runs Python in parallel past the GIL; the threads in
+# each overlap what a request waits on (SQLite/PostgreSQL, Redis, a submit through
+# slurmrestd or sbatch, a TensorBoard or replica stream), which is most of its time.
+# 4-8 threads keep a core busy without piling up database locks; more would only
+# queue on SQLite's one writer. Idle keep-alive connections wait in the poller, not in
+# a thread, and a long stream cannot make the arbiter kill its worker: the main thread
+# answers the heartbeat (a sync worker would be killed at `timeout`).
+worker_class = "gthread"
+workers = int(os.environ.get("MTC_WEB_WORKERS") or os.cpu_count() or 2)
+threads = int(os.environ.get("MTC_WEB_THREADS", "6"))
+keepalive = 5  # seconds; the proxy (or a client) reuses connections for that long
+timeout = 60  # a worker whose main loop stalls this long is replaced
+graceful_timeout = 10  # on SIGTERM, requests in flight get this long to finish
+# A worker is replaced after about this many requests: whatever it grew is given back.
+max_requests = 5000
+max_requests_jitter = 500
+# Logs go to stdout/stderr: journald under systemd, the stack's log/web.log under make run.
+accesslog = "-"
+errorlog = "-"
+loglevel = os.environ.get("MTC_LOG_LEVEL", "info").lower()
+proc_name = "mtc-web"
