@@ -28,6 +28,16 @@ max_requests = 5000
 max_requests_jitter = 500
 # Logs go to stdout/stderr: journald under systemd, the stack's log/web.log under make run.
 accesslog = "-"
+# gunicorn's default line, plus how long each request took (ms): slow requests show up.
+access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(M)sms'
 errorlog = "-"
 loglevel = os.environ.get("MTC_LOG_LEVEL", "info").lower()
 proc_name = "mtc-web"
+
+
+def post_worker_init(worker):
+    # Import every view now (Django loads the URLconf on the first request otherwise):
+    # the first requests to a fresh worker are then as fast as the rest.
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018
