@@ -20,7 +20,9 @@ bind = os.environ.get("MTC_BIND", f"127.0.0.1:{os.environ.get('MTC_PORT', '8000'
 worker_class = "gthread"
 workers = int(os.environ.get("MTC_WEB_WORKERS") or os.cpu_count() or 2)
 threads = int(os.environ.get("MTC_WEB_THREADS", "6"))
-keepalive = 5  # seconds; the proxy (or a client) reuses connections for that long
+# A kept-alive connection stays with the process that accepted it (bench/load.py saw
+# 40 of 50 on one of two): a short keepalive lets busy clients spread out again.
+keepalive = 5  # seconds
 timeout = 60  # a worker whose main loop stalls this long is replaced
 graceful_timeout = 10  # on SIGTERM, requests in flight get this long to finish
 # A worker is replaced after about this many requests: whatever it grew is given back.

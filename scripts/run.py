@@ -25,6 +25,7 @@ def main() -> int:
     def on_signal(signum, frame):
         nonlocal stopping
         stopping = True
+        print(f"mtc: {signal.Signals(signum).name} received")
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
