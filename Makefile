@@ -8,7 +8,7 @@ VENV := .venv
 setup: ## install Debian packages and the .venv (idempotent)
 	@bash scripts/setup.sh
 
-run: setup ## migrate, start Redis, Celery worker + beat, the web server, and the demo cluster
+run: setup ## migrate, start Redis, two Celery workers (operations, polls + beat), gunicorn, the demo cluster
 	@bash scripts/run.sh
 
 test: setup ## start a private Redis, run every test, clean up

@@ -1,5 +1,5 @@
-"""Starts and stops the processes of an mtc stack on this machine: Redis, a Celery
-worker (+ beat), the web server. Used by `make run`, the benchmarks and the tests
+"""Starts and stops the processes of an mtc stack on this machine: Redis, Celery
+workers (+ beat), the web server (gunicorn). Used by `make run`, the benchmarks and the tests
 that need a real worker, so all three start things the same way."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from urllib.parse import urlparse
 from mtc.secretfile import private_append, private_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Celery's queues (settings.CELERY_TASK_ROUTES): operations first, the default.
+QUEUES = ("operations", "polls")
 
 
 def free_port() -> int:
@@ -118,7 +120,15 @@ class Stack:
             text=True,
         )
 
-    def start_worker(self, *, beat: bool = True, concurrency: int = 2) -> subprocess.Popen:
+    def start_worker(
+        self,
+        *,
+        beat: bool = True,
+        concurrency: int = 2,
+        queues: tuple[str, ...] = QUEUES,
+        name: str = "worker",
+    ) -> subprocess.Popen:
+        """A worker for ``queues`` (both by default; `make run` starts one per queue)."""
         args = [
             self.python,
             "-m",
@@ -128,23 +138,29 @@ class Stack:
             "worker",
             "--loglevel=INFO",
             f"--concurrency={concurrency}",
+            "--queues",
+            ",".join(queues),
             "--hostname",
-            f"mtc-{os.getpid()}@%h",
+            f"{name}-{os.getpid()}@%h",
         ]
         if beat:
             schedule = private_dir(self.data_dir / "celery") / "celerybeat-schedule"
             args += ["--beat", "--schedule", str(schedule)]
-        return self._start("worker", args)
+        return self._start(name, args)
 
     def start_web(self, port: int) -> subprocess.Popen:
+        """gunicorn, sized in mtc/gunicorn_conf.py (the systemd unit uses the same file)."""
         proc = self._start(
             "web",
             [
                 self.python,
-                "manage.py",
-                "runserver",
+                "-m",
+                "gunicorn",
+                "--config",
+                "python:mtc.gunicorn_conf",
+                "--bind",
                 f"127.0.0.1:{port}",
-                "--noreload",
+                "mtc.wsgi:application",
             ],
         )
 
@@ -175,7 +191,8 @@ class Stack:
             proc.wait(timeout=5)
 
     def stop_all(self) -> None:
-        for name in ("web", "worker", "redis"):
+        # The web server first (no new work), Redis last (workers ack on their way out).
+        for name in sorted(self.procs, key=lambda n: (n == "redis", n != "web")):
             self.stop(name)
 
     def __enter__(self) -> Stack:

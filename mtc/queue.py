@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from celery import current_app
+from celery import current_app, current_task
 from django.db import transaction
 from kombu.exceptions import OperationalError
 
@@ -54,3 +54,17 @@ def task_enqueue(name: str, *args, countdown: float | None = None) -> None:
             log.warning("%s%s not queued (%s); the reconcile picks it up", name, args, exc)
 
     transaction.on_commit(send)
+
+
+# Tasks a poll fans out, one per row: {task: the polls that send it}. Sent from within
+# such a poll they stay on its queue; sent by a request (a user's change) they are
+# operations (settings.CELERY_TASK_ROUTES).
+POLL_FANOUT = {"serving.tasks.endpoint_reconcile": {"serving.tasks.endpoints_reconcile_all"}}
+
+
+def route_poll_fanout(name, args, kwargs, options, task=None, **kw) -> dict | None:
+    """Celery router: ``polls`` for a fan-out task sent by the poll that fans it out."""
+    senders = POLL_FANOUT.get(name)
+    if senders and current_task and current_task.name in senders:
+        return {"queue": "polls"}
+    return None

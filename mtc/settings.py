@@ -5,11 +5,14 @@ MTC_PORT      the web server's port (default 8000)
 DATABASE_URL  default: SQLite in MTC_DATA_DIR; postgres://... for PostgreSQL
 REDIS_URL     Celery's broker (default redis://127.0.0.1:6389/0, the Redis `make run` starts)
 MTC_PROVIDER  local (default) or gce; MTC_GCE_* configure the gce provider (README)
+MTC_PRODUCTION=1  behind a TLS proxy (deploy/): secure cookies, HSTS, HTTPS redirect,
+              DEBUG off; needs MTC_ALLOWED_HOSTS (README, "Running mtc on a server")
 """
 
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlparse
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -35,8 +38,42 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
-DEBUG = os.environ.get("MTC_DEBUG", "0") == "1"
-ALLOWED_HOSTS = os.environ.get("MTC_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+PRODUCTION = os.environ.get("MTC_PRODUCTION", "0") == "1"
+DEBUG = os.environ.get("MTC_DEBUG", "0") == "1" and not PRODUCTION
+# Where node agents reach mtc's API (they POST their reports there with a node token).
+MTC_PUBLIC_URL = os.environ.get("MTC_PUBLIC_URL", f"http://127.0.0.1:{MTC_PORT}")
+if PRODUCTION and not os.environ.get("MTC_ALLOWED_HOSTS"):
+    raise ImproperlyConfigured("MTC_PRODUCTION=1 needs MTC_ALLOWED_HOSTS (the names mtc serves)")
+ALLOWED_HOSTS = [
+    h.strip()
+    for h in os.environ.get("MTC_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+    if h.strip()
+]
+# mtc hands MTC_PUBLIC_URL to its node agents: its host must be one mtc answers on.
+_public_host = urlparse(MTC_PUBLIC_URL).hostname
+if _public_host and _public_host not in ALLOWED_HOSTS:
+    ALLOWED_HOSTS.append(f"[{_public_host}]" if ":" in _public_host else _public_host)
+
+if PRODUCTION:
+    # TLS ends at the reverse proxy (deploy/nginx-mtc.conf), which sets X-Forwarded-Proto;
+    # gunicorn listens on loopback only, so no client can forge that header.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    # Probes and node agents talk to gunicorn on loopback over plain HTTP; a redirect
+    # would break their POSTs and protect nothing (the token was already sent).
+    SECURE_REDIRECT_EXEMPT = [
+        r"^healthz$",
+        r"^readyz$",
+        r"^api/v1/clusters/[^/]+/nodes/[^/]+/health/report/?$",
+    ]
+    SECURE_HSTS_SECONDS = int(os.environ.get("MTC_HSTS_SECONDS", str(365 * 24 * 3600)))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = os.environ.get("MTC_HSTS_SUBDOMAINS", "1") == "1"
+    SECURE_HSTS_PRELOAD = os.environ.get("MTC_HSTS_PRELOAD", "0") == "1"
+    if not SECURE_HSTS_PRELOAD:
+        # Asking browsers to preload the domain is its owner's decision (hstspreload.org).
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -105,7 +142,8 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # CONN_MAX_AGE stays 60: gunicorn's threads are a fixed pool and each keeps its
+    # connection (opening one and its PRAGMAs cost a third of a small API request).
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -124,9 +162,18 @@ USE_TZ = True
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
-# Served by WhiteNoise straight from the apps' folders: no collectstatic step, no CDN.
-WHITENOISE_USE_FINDERS = True
-WHITENOISE_AUTOREFRESH = True
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise reads it at startup, collected or not
+# WhiteNoise serves static files from gunicorn itself (no CDN, no proxy config).
+# `make run` and the systemd unit collect them into STATIC_ROOT before starting; in
+# production their names carry a content hash, so browsers may cache them for a year.
+# Elsewhere (tests, manage.py) WhiteNoise also finds them in the apps' folders.
+WHITENOISE_USE_FINDERS = not PRODUCTION
+WHITENOISE_AUTOREFRESH = DEBUG
+if PRODUCTION:
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -152,6 +199,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Its deploy check grades the OpenAPI schema's docs (missing serializers on APIViews,
+    # operationId collisions), not the deployment: `check --deploy` stays about security.
+    "ENABLE_DJANGO_DEPLOY_CHECK": False,
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6389/0")
@@ -184,6 +234,15 @@ CELERY_BEAT_SCHEDULE = {
 # piling up behind a slow worker (the overlap lock is mtc.polls.single_flight).
 for _entry in CELERY_BEAT_SCHEDULE.values():
     _entry.setdefault("options", {}).setdefault("expires", _entry["schedule"])
+# Two queues, one worker pool each (`make run`, deploy/): the polls beat sends every few
+# seconds (one sinfo/squeue per cluster, metrics, probes) can take long on a big fleet;
+# an operation someone waits for (create, delete, resize, repair, export, a user's
+# endpoint change) must never queue behind them. What is not routed is an operation.
+CELERY_TASK_DEFAULT_QUEUE = "operations"
+CELERY_TASK_ROUTES = [
+    "mtc.queue.route_poll_fanout",  # what a poll sends out per row is part of the poll
+    {entry["task"]: {"queue": "polls"} for entry in CELERY_BEAT_SCHEDULE.values()},
+]
 # beat's shelve is created with the umask's mode: a 0700 folder keeps it mtc's alone.
 (DATA_DIR / "celery").mkdir(mode=0o700, exist_ok=True)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celery" / "celerybeat-schedule")
@@ -196,8 +255,6 @@ MTC_LOCAL_PORT_RANGE = (17000, 29999)
 MTC_LOCAL_SCRATCH_GB = float(os.environ.get("MTC_LOCAL_SCRATCH_GB", "4"))
 MTC_LOCAL_NODE_AGENTS = os.environ.get("MTC_LOCAL_NODE_AGENTS", "1") == "1"
 MTC_AGENT_INTERVAL_S = float(os.environ.get("MTC_AGENT_INTERVAL_S", "10"))
-# Where node agents reach mtc's API (they POST their reports there with a node token).
-MTC_PUBLIC_URL = os.environ.get("MTC_PUBLIC_URL", f"http://127.0.0.1:{MTC_PORT}")
 # Seconds to pause at each Operation step: slow motion for demos and for the test
 # that kills a worker in the middle of a create.
 MTC_OPERATION_STEP_DELAY = float(os.environ.get("MTC_OPERATION_STEP_DELAY", "0"))

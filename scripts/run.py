@@ -1,7 +1,8 @@
-"""`make run`: migrate, make sure an admin exists, start Redis, a Celery worker with
-beat and the web server, create the demo cluster if there is none, and stop what
-it started on Ctrl-C or SIGTERM. Local clusters keep running: they are the
-machines, and the next `make run` finds them (`make stop-clusters` stops them)."""
+"""`make run`: migrate, make sure an admin exists, collect static files, start Redis,
+two Celery workers (operations; polls, with beat) and gunicorn, create the demo
+cluster if there is none, and stop what it started on Ctrl-C or SIGTERM. Local clusters
+keep running: they are the machines, and the next `make run` finds them (`make
+stop-clusters` stops them)."""
 
 import os
 import signal
@@ -24,17 +25,21 @@ def main() -> int:
     def on_signal(signum, frame):
         nonlocal stopping
         stopping = True
+        print(f"mtc: {signal.Signals(signum).name} received")
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
         print(f"mtc: data in {stack.data_dir}")
         stack.manage("migrate", "--noinput", "-v0")
+        stack.manage("collectstatic", "--noinput", "-v0")  # WhiteNoise serves STATIC_ROOT
         bootstrap = stack.manage("mtc", "bootstrap")
         print(bootstrap.stdout, end="")
         stack.start_redis()
         print(f"mtc: Redis at {stack.env['REDIS_URL']}")
-        stack.start_worker(beat=True)
+        # One worker per queue: a slow poll never holds up a create, delete or repair.
+        stack.start_worker(name="worker-operations", queues=("operations",), beat=False)
+        stack.start_worker(name="worker-polls", queues=("polls",), beat=True)
         stack.start_web(port)
         demo = stack.manage("mtc", "demo", check=False)
         print(demo.stdout + demo.stderr, end="")
@@ -50,7 +55,7 @@ def main() -> int:
                     stopping = True
             time.sleep(0.5)
     finally:
-        print("mtc: stopping web, worker and Redis ...")
+        print("mtc: stopping web, workers and Redis ...")
         stack.stop_all()
         print("mtc: stopped. Local clusters keep running; `make stop-clusters` stops them.")
     return 0

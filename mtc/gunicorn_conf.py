@@ -1,0 +1,45 @@
+"""gunicorn's settings for mtc's web server: `make run` (mtc/devstack.py) and the systemd
+unit (deploy/mtc-web.service) both start `gunicorn -c python:mtc.gunicorn_conf`.
+
+MTC_BIND         where to listen (default 127.0.0.1:$MTC_PORT: the TLS proxy is in front)
+MTC_WEB_WORKERS  processes (default: one per core)
+MTC_WEB_THREADS  threads per process (default 6)
+"""
+
+import os
+
+bind = os.environ.get("MTC_BIND", f"127.0.0.1:{os.environ.get('MTC_PORT', '8000')}")
+
+# gthread: one process per core runs Python in parallel past the GIL; the threads in
+# each overlap what a request waits on (SQLite/PostgreSQL, Redis, a submit through
+# slurmrestd or sbatch, a TensorBoard or replica stream), which is most of its time.
+# 4-8 threads keep a core busy without piling up database locks; more would only
+# queue on SQLite's one writer. Idle keep-alive connections wait in the poller, not in
+# a thread, and a long stream cannot make the arbiter kill its worker: the main thread
+# answers the heartbeat (a sync worker would be killed at `timeout`).
+worker_class = "gthread"
+workers = int(os.environ.get("MTC_WEB_WORKERS") or os.cpu_count() or 2)
+threads = int(os.environ.get("MTC_WEB_THREADS", "6"))
+# A kept-alive connection stays with the process that accepted it (bench/load.py saw
+# 40 of 50 on one of two): a short keepalive lets busy clients spread out again.
+keepalive = 5  # seconds
+timeout = 60  # a worker whose main loop stalls this long is replaced
+graceful_timeout = 10  # on SIGTERM, requests in flight get this long to finish
+# A worker is replaced after about this many requests: whatever it grew is given back.
+max_requests = 5000
+max_requests_jitter = 500
+# Logs go to stdout/stderr: journald under systemd, the stack's log/web.log under make run.
+accesslog = "-"
+# gunicorn's default line, plus how long each request took (ms): slow requests show up.
+access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s" %(M)sms'
+errorlog = "-"
+loglevel = os.environ.get("MTC_LOG_LEVEL", "info").lower()
+proc_name = "mtc-web"
+
+
+def post_worker_init(worker):
+    # Import every view now (Django loads the URLconf on the first request otherwise):
+    # the first requests to a fresh worker are then as fast as the rest.
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018
