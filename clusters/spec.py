@@ -99,6 +99,7 @@ class _Checker:
         choices: tuple | None = None,
         max_len: int = 200,
         hint: str = "",
+        multiline: bool = False,
     ) -> str | None:
         if value is None or value == "":
             if required:
@@ -110,7 +111,7 @@ class _Checker:
         if len(value) > max_len:
             self.fail(path, f"At most {max_len} characters.")
             return None
-        if CONTROL_RE.search(value):
+        if not multiline and CONTROL_RE.search(value):  # a script keeps its own rule (NUL)
             self.fail(path, "No control characters or line/paragraph separators.")
             return None
         if choices is not None and value not in choices:
@@ -463,7 +464,8 @@ def _check_slurm(c: _Checker, orchestrator: Any, pools: dict[str, dict]) -> None
     for key in ("prolog_bash_scripts", "epilog_bash_scripts"):
         for i, script in enumerate(c.array(slurm.get(key), f"{base}.{key}")):
             spath = f"{base}.{key}[{i}]"
-            if c.string(script, spath, max_len=MAX_SCRIPT_BYTES) and "\x00" in script:
+            script = c.string(script, spath, max_len=MAX_SCRIPT_BYTES, multiline=True)
+            if script and "\x00" in script:
                 c.fail(spath, "May not contain NUL bytes.")
     overrides = c.obj(slurm.get("config_overrides"), f"{base}.config_overrides", required=False)
     for key, value in (overrides or {}).items():
