@@ -77,3 +77,72 @@ def test_killed_worker_mid_create_is_finished_by_the_next(transactional_db, sett
             fresh.stop_all()
         for cluster in Cluster.objects.all():
             get_provider(cluster.provider).delete_cluster(cluster)
+
+
+def test_a_hung_squeue_delays_no_create_or_delete(transactional_db, settings, tmp_path):
+    """Polls and operations have their own queues and workers: a job poll stuck on an
+    squeue that never answers holds up neither a create nor a delete."""
+    import os
+
+    from jobs.tasks import jobs_poll_all
+
+    settings.CELERY_TASK_ALWAYS_EAGER = False
+    standin = tmp_path / "bin"
+    standin.mkdir()
+    # Blocks opening a FIFO nobody writes: it hangs in its own process (no child to
+    # outlive it) until SlurmClient's timeout kills it.
+    os.mkfifo(standin / "never")
+    (standin / "squeue").write_text(f"#!/bin/sh\nread line < {standin / 'never'}\n")
+    (standin / "squeue").chmod(0o755)
+    env = {
+        "REDIS_URL": django_settings.REDIS_URL,
+        "DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}",
+        "MTC_DATA_DIR": str(django_settings.DATA_DIR),
+    }
+    hung_path = f"{standin}:{os.environ['PATH']}"
+    stacks = [
+        Stack(django_settings.DATA_DIR, env={**env, "PATH": hung_path}),
+        Stack(django_settings.DATA_DIR, env=env),
+    ]
+    for stack in stacks:
+        stack.data_dir = tmp_path  # worker logs go to the test's own folder
+    (tmp_path / "log").mkdir()
+    try:
+        stacks[0].start_worker(beat=False, concurrency=1, queues=("polls",), name="polls")
+        stacks[1].start_worker(beat=False, concurrency=1, queues=("operations",), name="ops")
+        first = services.cluster_create(spec=make_spec("hq", nodes=1))
+        _wait(lambda: Operation.objects.filter(pk=first.pk, state="SUCCEEDED").exists(), 90, "hq")
+        for _ in range(4):  # each hangs until SlurmClient's 15 s timeout: a minute stuck
+            jobs_poll_all.delay()
+        _wait(lambda: "squeue" in _children_of("polls", stacks[0]), 30, "the poll to hang")
+
+        started = time.monotonic()
+        second = services.cluster_create(spec=make_spec("hr", nodes=1))
+        _wait(lambda: Operation.objects.filter(pk=second.pk, state="SUCCEEDED").exists(), 60, "hr")
+        assert "squeue" in _children_of("polls", stacks[0])  # the polls worker still stuck
+        gone = services.cluster_delete(cluster=Cluster.objects.get(cluster_id="hq"))
+        _wait(lambda: Operation.objects.filter(pk=gone.pk, state="SUCCEEDED").exists(), 60, "rm")
+        assert time.monotonic() - started < 60
+    finally:
+        for stack in stacks:
+            stack.stop_all()
+        for cluster in Cluster.objects.all():
+            get_provider(cluster.provider).delete_cluster(cluster)
+
+
+def _children_of(name: str, stack: Stack) -> str:
+    """The command names of every process under a stack's worker."""
+    import subprocess
+
+    root = stack.procs[name].pid
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,comm="], capture_output=True, text=True)
+    parents: dict[int, list[tuple[int, str]]] = {}
+    for line in out.stdout.splitlines():
+        pid, ppid, comm = line.split(None, 2)
+        parents.setdefault(int(ppid), []).append((int(pid), comm))
+    names, todo = [], [root]
+    while todo:
+        for pid, comm in parents.get(todo.pop(), []):
+            names.append(comm)
+            todo.append(pid)
+    return " ".join(names)
