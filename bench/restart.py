@@ -136,7 +136,7 @@ def main() -> None:
                 subprocess.run(["userdel", name], capture_output=True)
                 subprocess.run(["groupdel", name], capture_output=True)
         shutil.rmtree(data, ignore_errors=True)
-    shutil.rmtree(log.parent, ignore_errors=True)  # kept only when it stopped midway
+    shutil.rmtree(log.parent, ignore_errors=True)
     print(json.dumps({"rounds": figures}))
 
 
