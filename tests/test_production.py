@@ -24,7 +24,10 @@ PRODUCTION_ENV = {
 
 
 def _run(tmp_path, code_or_args: list[str], extra: dict[str, str]):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MTC_PRODUCTION", "MTC_HSTS"))}
+    # The browser tests set DJANGO_ALLOW_ASYNC_UNSAFE in this process (Playwright beside
+    # the ORM); a deployment never has it, and check --deploy says so.
+    skip = ("MTC_PRODUCTION", "MTC_HSTS", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
     env.update(extra, MTC_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="mtc.settings")
     return subprocess.run(
         [sys.executable, *code_or_args],
