@@ -17,6 +17,7 @@ import pwd
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ RESTD_RETRY_S = 300
 # slurmrestd's unprivileged user (_start_slurmrestd says why it is not root).
 RESTD_USER, RESTD_GROUP = "nobody", "nogroup"
 READY_STATES = {"IDLE", "ALLOCATED", "MIXED", "COMPLETING"}
+NODE_STARTS_AT_ONCE = 8
 # slurmrestd stays in the foreground: the Popen objects of the ones this process
 # started, so their exit is reaped (no zombies, no ResourceWarning).
 _restd_children: dict[int, subprocess.Popen] = {}
@@ -361,10 +363,18 @@ class LocalProvider(LocalNodes, Provider):
             self._stop_slurmrestd(cluster)  # it reads slurm.conf once, at start
         if not self._slurmrestd_pid(cluster):
             self._start_slurmrestd(cluster)
-        for node in nodes:
+
+        def start(node: Node) -> None:
             if not self._slurmd_pid(cluster, node.name):
                 self._start_slurmd(cluster, node)
-            if settings.MTC_LOCAL_NODE_AGENTS:
+
+        # Each slurmd takes a few hundred ms to daemonize: started side by side, a
+        # 32-node cluster is up in the time of a few, not of 32 in a row. (Only the
+        # processes: the agents below write their tokens through the database.)
+        with ThreadPoolExecutor(max_workers=NODE_STARTS_AT_ONCE) as pool:
+            list(pool.map(start, nodes))
+        if settings.MTC_LOCAL_NODE_AGENTS:
+            for node in nodes:
                 self.start_node_agent(cluster, node, interval=settings.MTC_AGENT_INTERVAL_S)
 
     def _protect(self, root: Path, nodes: list[Node]) -> None:
