@@ -24,7 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from clusters.demo import DEMO_SPEC  # noqa: E402
-from mtc.devstack import Stack, free_port  # noqa: E402
+from mtc.devstack import Stack, free_port, unix_accounts_remove  # noqa: E402
+
+UIDS = "29900-29949"  # this bench's own accounts (local identity), removed after
 
 
 def api(base: str, token: str, method: str, path: str, body: dict | None = None) -> dict:
@@ -80,9 +82,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--sizes", default="4,16")
     args = parser.parse_args()
+    env = {"MTC_ADMIN_PASSWORD": "bench-password", "REDIS_URL": "", "MTC_UID_RANGE": UIDS}
+    try:
+        run_all(args, env)
+    finally:
+        unix_accounts_remove(*map(int, UIDS.split("-")))
+
+
+def run_all(args, env: dict[str, str]) -> None:
     with (
         tempfile.TemporaryDirectory(prefix="mtc-bench-") as tmp,
-        Stack(Path(tmp), env={"MTC_ADMIN_PASSWORD": "bench-password", "REDIS_URL": ""}) as stack,
+        Stack(Path(tmp), env=env) as stack,
     ):
         stack.start_redis()
         stack.manage("migrate", "--noinput", "-v0")

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtc.devstack import free_port  # noqa: E402
+from mtc.devstack import free_port, unix_accounts_remove  # noqa: E402
 
 PY = sys.executable
 
@@ -128,13 +128,7 @@ def main() -> None:
         subprocess.run(
             [PY, "manage.py", "mtc", "daemons", "stop"], cwd=ROOT, env=env, capture_output=True
         )
-        for line in subprocess.run(
-            ["getent", "passwd"], capture_output=True, text=True
-        ).stdout.splitlines():
-            name, _, uid = line.split(":")[:3]
-            if 29800 <= int(uid) <= 29899:
-                subprocess.run(["userdel", name], capture_output=True)
-                subprocess.run(["groupdel", name], capture_output=True)
+        unix_accounts_remove(29800, 29899)
         shutil.rmtree(data, ignore_errors=True)
     shutil.rmtree(log.parent, ignore_errors=True)
     print(json.dumps({"rounds": figures}))

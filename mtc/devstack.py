@@ -28,6 +28,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def unix_accounts_remove(low: int, high: int) -> None:
+    """userdel/groupdel every account in [low, high]: what a bench run's private
+    MTC_UID_RANGE made (local identity), so it leaves none behind."""
+    import pwd
+
+    for entry in pwd.getpwall():
+        if low <= entry.pw_uid <= high:
+            subprocess.run(["userdel", entry.pw_name], capture_output=True, check=False)
+            subprocess.run(["groupdel", entry.pw_name], capture_output=True, check=False)
+
+
 def port_open(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.3)
