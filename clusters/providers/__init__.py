@@ -7,14 +7,18 @@ from .base import Provider, ProviderError
 
 
 def get_provider(name: str) -> Provider:
-    from .gce import GceProvider
-    from .local import LocalProvider
+    # Only the provider asked for is imported: google-cloud-compute takes about a second
+    # to import, which a worker's first local cluster should not wait for.
+    if name == "local":
+        from .local import LocalProvider
 
-    providers: dict[str, type[Provider]] = {"local": LocalProvider, "gce": GceProvider}
-    if name not in providers:
-        raise ProviderError(
-            f"Provider '{name}' is not available in this installation.",
-            code="PROVIDER_UNAVAILABLE",
-            permanent=True,
-        )
-    return providers[name]()
+        return LocalProvider()
+    if name == "gce":
+        from .gce import GceProvider
+
+        return GceProvider()
+    raise ProviderError(
+        f"Provider '{name}' is not available in this installation.",
+        code="PROVIDER_UNAVAILABLE",
+        permanent=True,
+    )

@@ -40,6 +40,17 @@ TOKEN_FILE = "agent.token"
 HEALTH_CHECKS = "disk,gpu,ecc,xid,dcgm"
 # The shim's tools are `#!/usr/bin/env python3`; slurmd gives its health check no PATH.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The agent imported as a module (its bytecode cached) with the standard library only (-I -S):
+# slurmd waits for a HealthCheckProgram round before its node registers, so a 32-node
+# cluster's start is mostly these rounds.
+AGENT_LAUNCH = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); import mtc_agent; sys.exit(mtc_agent.entry())"
+)
+
+
+def agent_command() -> list[str]:
+    """The node agent's program; its arguments follow."""
+    return [sys.executable, "-I", "-S", "-c", AGENT_LAUNCH, str(AGENT_DIR)]
 
 
 class LocalNodes:
@@ -139,7 +150,7 @@ dir={q(str(nodes))}/"$node"
 [ -f "$dir/agent.json" ] || exit 0
 MTC_NODE_DIR="$dir"
 export MTC_NODE_DIR
-exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
+exec {" ".join(q(a) for a in agent_command())} --node "$node" \
   --config "$dir/agent.json" --once --checks {HEALTH_CHECKS} \
   --dcgm-level {HEALTHCHECK_DCGM_LEVEL} --trigger "$trigger" \
   --state-file "$dir/healthcheck-state.json" --output "$dir/healthcheck.json" \
@@ -164,8 +175,7 @@ exec {q(sys.executable)} {q(str(AGENT_DIR / "mtc_agent.py"))} --node "$node" \
     def _agent_args(self, cluster: Cluster, node: Node, *extra: str) -> list[str]:
         """The node agent's command line: its script, node and config, then ``extra``."""
         config = self.node_dir(cluster, node.name) / "agent.json"
-        script = str(AGENT_DIR / "mtc_agent.py")
-        return [sys.executable, script, "--node", node.name, "--config", str(config), *extra]
+        return [*agent_command(), "--node", node.name, "--config", str(config), *extra]
 
     def node_checks(
         self,

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import json
 import operator
 import os
@@ -48,9 +47,16 @@ import sys
 import threading
 import time
 import traceback
-import urllib.error
 import urllib.parse
-import urllib.request
+
+# hashlib and urllib.request load OpenSSL (~10 ms): the builtin digests, and urllib.request
+# where a report is sent, so a HealthCheckProgram round (slurmd waits for it before the
+# node registers) starts in a few ms.
+try:
+    from _sha1 import sha1
+    from _sha256 import sha256
+except ImportError:  # Pythons that name them otherwise (3.12: _sha2)
+    from hashlib import sha1, sha256
 
 AGENT_VERSION = 1
 CHECK_NAMES = ("disk", "gpu", "ecc", "xid", "dcgm", "speed", "correctness", "host")
@@ -212,7 +218,7 @@ def matmul_ikj(a: list[list[int]], b: list[list[int]]) -> list[list[int]]:
 
 
 def checksum_matrix(c: list[list[int]]) -> str:
-    h = hashlib.sha256()
+    h = sha256()
     for row in c:
         h.update((",".join(map(str, row)) + "\n").encode("ascii"))
     return h.hexdigest()
@@ -1049,7 +1055,7 @@ def _read_kernel_log(agent: Agent, chk: Check) -> tuple[str | None, str]:
 
 
 def _line_key(line: str) -> str:
-    return hashlib.sha1(line.encode("utf-8", "replace")).hexdigest()[:20]
+    return sha1(line.encode("utf-8", "replace")).hexdigest()[:20]
 
 
 def check_xid(agent: Agent, chk: Check) -> None:
@@ -1401,11 +1407,11 @@ def sign_report(report: dict, token: str) -> dict:
     """The report as written to ``--output`` when the agent has a token: with ``signature``,
     HMAC-SHA256 of its canonical JSON keyed by the SHA-256 of the token (what mtc stores), so
     that mtc reads a health.json file only when it was written with the node's token."""
-    key = hashlib.sha256(token.encode()).hexdigest().encode().ljust(64, b"\0")  # one block
+    key = sha256(token.encode()).hexdigest().encode().ljust(64, b"\0")  # one block
     body = json.dumps(report, sort_keys=True, separators=(",", ":")).encode()
     # HMAC (RFC 2104) by hand: the node side keeps to the few stdlib modules it allows.
-    inner = hashlib.sha256(bytes(b ^ 0x36 for b in key) + body).digest()
-    mac = hashlib.sha256(bytes(b ^ 0x5C for b in key) + inner).hexdigest()
+    inner = sha256(bytes(b ^ 0x36 for b in key) + body).digest()
+    mac = sha256(bytes(b ^ 0x5C for b in key) + inner).hexdigest()
     return dict(report, signature="hmac-sha256:" + mac)
 
 
@@ -1439,14 +1445,22 @@ def load_state(path: str | None) -> dict:
         return {}
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Never follow redirects: a redirected POST would be resent (with the token) elsewhere."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
+_OPENER = None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+def _opener():
+    """An opener that never follows redirects: a redirected POST would be resent (with the
+    token) elsewhere."""
+    global _OPENER
+    if _OPENER is None:
+        import urllib.request
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, req, fp, code, msg, headers, newurl):
+                return None
+
+        _OPENER = urllib.request.build_opener(NoRedirect)
+    return _OPENER
 
 
 def post_report(
@@ -1476,6 +1490,9 @@ def deliver(
     sleep=time.sleep,
 ) -> tuple[str, dict]:
     """post_report(), and the server's answer (its JSON object, or {})."""
+    import urllib.error
+    import urllib.request
+
     body = json.dumps(report).encode("utf-8")
     headers = {"Content-Type": "application/json", "User-Agent": f"mtc-agent/{AGENT_VERSION}"}
     if token:
@@ -1485,7 +1502,7 @@ def deliver(
         wait = min(backoff * (2**attempt), 60.0)
         try:
             req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-            with _OPENER.open(req, timeout=timeout) as resp:
+            with _opener().open(req, timeout=timeout) as resp:
                 text = resp.read(65536)
             try:
                 answer = json.loads(text.decode("utf-8")) if text else {}

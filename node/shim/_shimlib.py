@@ -28,12 +28,15 @@ Stdlib only, python3 >= 3.8.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import os
 import sys
 import time
+
+try:  # the builtin digest: hashlib loads OpenSSL, ~10 ms of every tool's start
+    from _sha1 import sha1 as _sha1
+except ImportError:
+    from hashlib import sha1 as _sha1
 
 DRIVER_VERSION = "550.127.05"
 CUDA_VERSION = "12.4"
@@ -176,7 +179,7 @@ class Node:
         for slot in range(self.count):
             if slot == missing:
                 continue
-            digest = hashlib.sha1(f"{label}/{slot}".encode()).hexdigest()
+            digest = _sha1(f"{label}/{slot}".encode()).hexdigest()
             self.gpus.append(
                 {
                     "index": len(self.gpus),
@@ -767,6 +770,8 @@ def main_dcgmi(argv: list[str], script: str) -> int:
 
 def load_agent():
     """Import mtc_agent.py by path: $MTC_AGENT_PATH, next to this file, or one level up."""
+    import importlib.util
+
     here = os.path.dirname(os.path.realpath(__file__))
     candidates = [
         os.environ.get("MTC_AGENT_PATH") or "",
