@@ -24,7 +24,9 @@ ACCELERATOR_RE = re.compile(r"^[A-Z][A-Z0-9_]{1,62}$")
 SLURM_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{1,62}$")
 MOUNT_RE = re.compile(r"^/[A-Za-z0-9._/-]{0,254}$")
 BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
-IPV4_RE = re.compile(r"^(25[0-5]|2[0-4]\d|1?\d?\d)(\.(25[0-5]|2[0-4]\d|1?\d?\d)){3}$")
+IPV4_RE = re.compile(
+    r"^(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])){3}$"
+)
 
 PROVIDERS = ("local", "gce")
 PROVISIONING_MODELS = ("STANDARD", "SPOT", "RESERVATION", "FLEX_START")

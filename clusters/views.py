@@ -239,7 +239,7 @@ def cluster_delete(request, cluster_id: str):
 # --- create: shared -----------------------------------------------------------
 def _path_context(path: str, spec: dict | None) -> str:
     """node_pools[1].scaling_spec.min_node_count -> "node pool 'gpu'" (what the index means)."""
-    match = re.match(r"^node_pools\[(\d+)\]", path)
+    match = re.match(r"^node_pools\[([0-9]+)\]", path)
     if match and isinstance(spec, dict):
         pools = spec.get("node_pools")
         index = int(match.group(1))

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from clusters.models import Cluster
 from clusters.providers.base import ProviderError
 from identity.sources.base import IdentityMissing
+from mtc.numbers import is_whole_number
 from slurm import SlurmError
 from slurm.queue import JOB_ID_RE
 from slurm.submit import SubmissionError
@@ -308,7 +309,7 @@ def expand_hostlist(text: str, limit: int = 256) -> list[str]:
             continue
         for part in ranges.split(","):
             low, _, high = part.partition("-")
-            if not low.isdigit() or (high and not high.isdigit()):
+            if not is_whole_number(low) or (high and not is_whole_number(high)):
                 return [text]
             for n in range(int(low), int(high or low) + 1):
                 names.append(f"{prefix}{str(n).zfill(len(low))}")

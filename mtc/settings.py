@@ -182,6 +182,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON bodies only: one content type per operation, and a body nested too deep is a 400.
+    "DEFAULT_PARSER_CLASSES": ["mtc.api.parsers.JsonParser"],
     "DEFAULT_PAGINATION_CLASS": "mtc.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],

@@ -5,6 +5,7 @@ runtime on the nodes reads what it produced (run.json)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,9 +43,18 @@ class Param:
         if self.kind in ("int", "float"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 return None, "Must be a number."
-            if self.kind == "int" and not float(value).is_integer():
-                return None, "Must be a whole number."
-            value = int(value) if self.kind == "int" else float(value)
+            # JSON numbers may be 1e999 (inf) or have 400 digits (float() overflows).
+            if isinstance(value, float) and not math.isfinite(value):
+                return None, "Must be a finite number."
+            if self.kind == "int":
+                if isinstance(value, float) and not value.is_integer():
+                    return None, "Must be a whole number."
+                value = int(value)
+            else:
+                try:
+                    value = float(value)
+                except OverflowError:
+                    return None, "Must be a finite number."
             if self.minimum is not None and value < self.minimum:
                 return None, f"Must be at least {self.minimum:g}."
             if self.maximum is not None and value > self.maximum:

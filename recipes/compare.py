@@ -26,8 +26,8 @@ from .forms import display_value
 
 MAX_RUNS = 12
 MAX_POINTS = 2000  # per curve; longer runs are thinned evenly (the last point is kept)
-JOB_REF_RE = re.compile(r"^(?P<cluster>[a-z][a-z0-9-]{0,30})/(?P<job>\d+(?:_\d+)?)$")
-VERSION_REF_RE = re.compile(r"^(?P<model>[a-z0-9][a-z0-9._-]{0,62})@(?P<number>[1-9]\d{0,8})$")
+JOB_REF_RE = re.compile(r"^(?P<cluster>[a-z][a-z0-9-]{0,30})/(?P<job>[0-9]+(?:_[0-9]+)?)$")
+VERSION_REF_RE = re.compile(r"^(?P<model>[a-z0-9][a-z0-9._-]{0,62})@(?P<number>[1-9][0-9]{0,8})$")
 # (JobMetric key, chart title): loss and reward first, what a comparison is mostly for.
 CURVES = (
     ("loss", "Loss"),

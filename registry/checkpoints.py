@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 # The runtime's layout (node/train/checkpoint.py): step-NNNNNN/COMPLETE.
-STEP_RE = re.compile(r"^step-(\d{6,})$")
+STEP_RE = re.compile(r"^step-([0-9]{6,})$")
 MARKER = "COMPLETE"
 
 

@@ -13,6 +13,7 @@ from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 from jobs import services as job_services
 from mtc.fielderrors import FieldErrors
+from mtc.numbers import is_whole_number
 from registry.models import Model, ModelAlias, ModelVersion, VersionState
 from slurm.submit import SubmissionError
 
@@ -67,7 +68,7 @@ def _int(data: dict, key: str, errors: dict, *, default: int, low: int, high: in
     value = data.get(key, default)
     if value is None or value == "":
         return default
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and is_whole_number(value.strip()):
         value = int(value)  # the form posts strings
     if isinstance(value, bool) or not isinstance(value, int):
         errors[key] = "Must be an integer."
@@ -111,7 +112,7 @@ def version_resolve(model_name: Any, ref: Any, errors: dict) -> tuple[ModelVersi
     if model is None:
         errors["model"] = f"No model '{model_name}'."
         return None, ""
-    if isinstance(ref, str) and ref.strip().isdigit():
+    if isinstance(ref, str) and is_whole_number(ref.strip()):
         ref = int(ref)
     alias = ""
     if isinstance(ref, int) and not isinstance(ref, bool):

@@ -31,8 +31,8 @@ FIELDS = (
     ("RestartCnt", "restart_count"),
 )
 SQUEUE_FORMAT = ",".join(f"{field}:0{SEP}" for field, _ in FIELDS)
-JOB_ID_RE = re.compile(r"^\d+(_\d+)?$")
-_GPU_RE = re.compile(r"gpu(?::[A-Za-z0-9_-]+)?:(\d+)")
+JOB_ID_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
+_GPU_RE = re.compile(r"gpu(?::[A-Za-z0-9_-]+)?:([0-9]+)")
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,15 @@ ENV_RESERVED = re.compile(r"^(SLURM_|SBATCH_|SALLOC_|SRUN_|LD_|MTC_)|^(PATH|HOME
 ENV_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]|\$\(|`|\.\./")
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED.
 TIME_RE = re.compile(
-    r"^(\d{1,6}|\d{1,4}:\d{2}|\d{1,4}:\d{2}:\d{2}|\d{1,3}-\d{1,2}"
-    r"(:\d{2}(:\d{2})?)?|UNLIMITED|INFINITE)$"
+    r"^([0-9]{1,6}|[0-9]{1,4}:[0-9]{2}|[0-9]{1,4}:[0-9]{2}:[0-9]{2}|[0-9]{1,3}-[0-9]{1,2}"
+    r"(:[0-9]{2}(:[0-9]{2})?)?|UNLIMITED|INFINITE)$"
 )
-DEP_ITEM = r"(singleton|(after|afterany|afterok|afternotok|aftercorr)(:\d+(_\d+)?(\+\d+)?)+)"
+DEP_ITEM = (
+    r"(singleton|(after|afterany|afterok|afternotok|aftercorr)(:[0-9]+(_[0-9]+)?(\+[0-9]+)?)+)"
+)
 DEPENDENCY_RE = re.compile(rf"^{DEP_ITEM}([,?]{DEP_ITEM})*$")
 ARRAY_RE = re.compile(
-    r"^\d{1,6}(-\d{1,6}(:\d{1,6})?)?(,\d{1,6}(-\d{1,6}(:\d{1,6})?)?)*(%\d{1,5})?$"
+    r"^[0-9]{1,6}(-[0-9]{1,6}(:[0-9]{1,6})?)?(,[0-9]{1,6}(-[0-9]{1,6}(:[0-9]{1,6})?)?)*(%[0-9]{1,5})?$"
 )
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_ARRAY_TASKS = 10_000
@@ -79,14 +81,22 @@ def _int(data: dict, key: str, errors: dict, *, default: int, low: int, high: in
     return value
 
 
-def _array_size(spec: str) -> int:
+def _array_problem(spec: str) -> str:
+    """Why Slurm would refuse an --array spec of ARRAY_RE's form, or "" (a step of at least
+    1, ranges low to high, and no more than MAX_ARRAY_TASKS tasks)."""
     total = 0
     for part in spec.split("%")[0].split(","):
         bounds, _, step = part.partition(":")
         low, _, high = bounds.partition("-")
-        high = high or low
-        total += max(0, (int(high) - int(low)) // int(step or 1) + 1)
-    return total
+        low_n, high_n, step_n = int(low), int(high or low), int(step or 1)
+        if step_n < 1:
+            return "A step (after ':') must be 1 or more."
+        if high_n < low_n:
+            return f"The range {bounds} runs backwards."
+        total += (high_n - low_n) // step_n + 1
+    if total > MAX_ARRAY_TASKS:
+        return f"At most {MAX_ARRAY_TASKS} tasks."
+    return ""
 
 
 def validate_submission(
@@ -162,8 +172,8 @@ def validate_submission(
     if array:
         if not isinstance(array, str) or not ARRAY_RE.fullmatch(array):
             errors["array"] = "Use Slurm's form, e.g. 0-99, 1,3,5 or 0-15%4."
-        elif _array_size(array) > MAX_ARRAY_TASKS:
-            errors["array"] = f"At most {MAX_ARRAY_TASKS} tasks."
+        elif problem := _array_problem(array):
+            errors["array"] = problem
 
     if errors:
         raise SubmissionError(errors)

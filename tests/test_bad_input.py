@@ -84,3 +84,122 @@ def test_a_cluster_id_with_a_trailing_newline_is_refused(db, operator_api):
     assert response.status_code == 400
     assert "cluster_id" in error(response)["fields"]
     assert not Cluster.objects.exists()
+
+
+# Each input a user found answering 500 (or passing when it should not): a 400 naming the
+# field, and nothing made.
+@pytest.fixture
+def bi_cluster(db):
+    from clusters.spec import validate_cluster_spec
+
+    spec = validate_cluster_spec(make_spec("bi", nodes=2))
+    return Cluster.objects.create(cluster_id="bi", spec=spec, state="RUNNING")
+
+
+@pytest.mark.parametrize("array", ["0-10:0", "0-10:-1", "²", "0-²", "1-0", "0-99999999999"])
+def test_a_bad_job_array_is_a_400(bi_cluster, user_api, array):
+    response = user_api.post(
+        "/api/v1/clusters/bi/jobs",
+        {"name": "a", "script": "#!/bin/bash\n", "array": array},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    assert "array" in error(response)["fields"]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        ('{"overrides": {"steps": 1%s}}' % ("0" * 400), "overrides.steps"),
+        ('{"overrides": {"lr": 1e999}}', "overrides.lr"),
+        ('{"overrides": {"steps": "²"}}', "overrides.steps"),
+        ('{"nodes": "²"}', "nodes"),
+        ('{"nodes": 1%s}' % ("0" * 400), "nodes"),
+    ],
+)
+def test_huge_or_odd_recipe_numbers_are_a_400(bi_cluster, user_api, raw, field):
+    response = user_api.generic(
+        "POST",
+        "/api/v1/clusters/bi/recipes/llama-pretrain/launch",
+        raw,
+        content_type="application/json",
+    )
+    assert response.status_code == 400, response.content
+    assert field in error(response)["fields"], error(response)
+    assert not Job.objects.exists()
+
+
+def test_nan_is_not_json(bi_cluster, user_api):
+    response = user_api.generic(
+        "POST",
+        "/api/v1/clusters/bi/recipes/llama-pretrain/launch",
+        '{"overrides": {"lr": NaN}}',
+        content_type="application/json",
+    )
+    assert response.status_code == 400 and error(response)["code"] == "PARSE_ERROR"
+
+
+def test_unicode_digits_in_query_numbers_are_a_400(bi_cluster, user, user_api):
+    job = Job.objects.create(cluster=bi_cluster, job_number=7, name="j", owner=user)
+    response = user_api.get(f"/api/v1/clusters/bi/jobs/{job.job_number}/output?offset=²")
+    assert response.status_code == 400 and "offset" in error(response)["fields"]
+    response = user_api.get("/api/v1/clusters?page=²")
+    assert response.status_code in (200, 400, 404), response.content
+    assert response["Content-Type"].startswith("application/json")
+
+
+def test_unicode_digits_in_an_endpoint_are_a_400(bi_cluster, user_api):
+    from registry.models import Model
+    from serving.deploy import _int, version_resolve
+
+    body = {"model": "m", "cluster": "bi", "min_replicas": "²"}
+    response = user_api.post("/api/v1/endpoints", body, format="json")
+    assert response.status_code == 400 and "min_replicas" in error(response)["fields"]
+    errors: dict = {}
+    assert _int({"n": "²"}, "n", errors, default=1, low=0, high=9) == 1 and "n" in errors
+    Model.objects.create(name="m")
+    errors = {}
+    assert version_resolve("m", "²", errors) == (None, "") and "version" in errors
+
+
+def test_endpoint_metrics_window_in_unicode_digits_is_a_400(db, user_api):
+    response = user_api.get("/api/v1/endpoints/1/metrics?window=²")
+    assert response.status_code == 400 and "window" in error(response)["fields"]
+
+
+def test_json_nested_100k_deep_is_a_400(db, operator_api):
+    raw = "[" * 100_000 + "]" * 100_000
+    for path in ("/api/v1/clusters", "/api/v1/clusters/bi/jobs", "/api/v1/endpoints"):
+        response = operator_api.generic("POST", path, raw, content_type="application/json")
+        assert response.status_code in (400, 404), (path, response.status_code)
+        assert error(response)["code"]
+    assert not Cluster.objects.exists()
+
+
+def test_nul_in_a_reservation_key_is_a_400(db, operator_api):
+    from clusters.reference_architectures import architecture_list
+
+    arch = next(a for a in architecture_list() if "reservation" in json_text(a.build_spec("rk")))
+    spec = arch.build_spec("rk")
+    text = json_text(spec).replace("a3u-reservation", "a3u\\u0000reservation")
+    response = operator_api.generic(
+        "POST", "/api/v1/clusters", text, content_type="application/json"
+    )
+    assert response.status_code == 400, response.content
+    assert any("reservation" in f for f in error(response)["fields"]), error(response)
+    assert not Cluster.objects.exists()
+
+
+def test_a_model_reference_in_unicode_digits_is_not_a_version_number():
+    from registry.names import model_ref_parse
+
+    assert model_ref_parse("models/foo@3") == ("foo", 3)
+    parsed = model_ref_parse("models/foo@²")
+    assert parsed is None or parsed[1] == "²"
+
+
+def json_text(value) -> str:
+    import json
+
+    return json.dumps(value)

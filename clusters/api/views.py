@@ -2,7 +2,6 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
@@ -38,7 +37,6 @@ class ClusterViewSet(viewsets.ViewSet):
     """Clusters (docs/api.md). Writes answer 202 with an Operation."""
 
     permission_classes = [IsAuthenticated, IsOperatorOrReadOnly]
-    parser_classes = [JSONParser]
     lookup_field = "cluster_id"
     lookup_value_regex = r"[a-z][a-z0-9-]{0,30}"
 

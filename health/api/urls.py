@@ -18,7 +18,7 @@ urlpatterns = [
     re_path(NODE + r"/repair/?$", NodeRepairView.as_view(), name="node-repair"),
     re_path(r"^repairs/?$", RepairListView.as_view(), name="repair-list"),
     re_path(
-        r"^repairs/(?P<repair_id>\d+)/approve/?$",
+        r"^repairs/(?P<repair_id>[0-9]+)/approve/?$",
         RepairApproveView.as_view(),
         name="repair-approve",
     ),

@@ -29,7 +29,7 @@ ATTEMPTS = 20
 
 def uid_range() -> tuple[int, int]:
     raw = str(settings.MTC_UID_RANGE)
-    match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", raw)
+    match = re.fullmatch(r"\s*([0-9]+)\s*-\s*([0-9]+)\s*", raw)
     if not match or int(match[1]) < 1000 or int(match[1]) > int(match[2]):
         raise IdentityMissing(f"MTC_UID_RANGE must look like 20000-29999, not {raw!r}")
     return int(match[1]), int(match[2])

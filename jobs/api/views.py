@@ -10,6 +10,7 @@ from clusters.models import Cluster
 from identity.sources.base import IdentityMissing
 from mtc.api.errors import ApiError
 from mtc.fielderrors import FieldErrors
+from mtc.numbers import is_whole_number
 from slurm import SlurmError
 from slurm.queue import JOB_ID_RE
 
@@ -127,7 +128,7 @@ class JobOutputView(ClusterJobsMixin, GenericAPIView):
         fields = {}
         if stream not in ("stdout", "stderr"):
             fields["stream"] = "Must be stdout or stderr."
-        if not raw_offset.isdigit():
+        if not is_whole_number(raw_offset):
             fields["offset"] = "Must be a whole number of bytes (0 or more)."
         if fields:
             raise ApiError(

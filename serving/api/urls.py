@@ -10,7 +10,7 @@ from .views import (
 )
 
 app_name = "serving_api"
-ENDPOINT = r"^endpoints/(?P<endpoint_id>\d+)"
+ENDPOINT = r"^endpoints/(?P<endpoint_id>[0-9]+)"
 
 urlpatterns = [
     re_path(r"^endpoints/?$", EndpointListView.as_view(), name="endpoint-list"),

@@ -14,6 +14,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from mtc.api.errors import ApiError
+from mtc.numbers import is_whole_number
 
 from .. import selectors, services
 from ..deploy import DeployError, endpoint_validate
@@ -102,7 +103,7 @@ class EndpointMetricsView(EndpointMixin, GenericAPIView):
     @extend_schema(parameters=[OpenApiParameter("window", int, description="Seconds, 60-86400")])
     def get(self, request, endpoint_id):
         raw = request.query_params.get("window", "900")
-        if not raw.isdigit() or not 60 <= int(raw) <= 86400:
+        if not is_whole_number(raw) or not 60 <= int(raw) <= 86400:
             raise ApiError(
                 code="INVALID_ARGUMENT",
                 message="window must be whole seconds from 60 to 86400.",
