@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from node.replica.generation import RequestError, messages_parse, prompt_parse, sampling_parse
 
@@ -18,6 +19,7 @@ from .services import replica_mark_unhealthy
 from .transport import ReplicaTimeout, ReplicaUnreachable, replica_call
 
 MAX_ATTEMPTS = 3  # replicas tried when the first cannot be reached at all
+T = TypeVar("T")
 
 
 class RouteError(Exception):
@@ -123,6 +125,29 @@ def route_start(*, endpoint: Endpoint, body: dict, chat: bool) -> str:
 
 def completion_route(*, endpoint: Endpoint, body: dict, chat: bool) -> Routed:
     """Answer one request through a replica. Raises RouteError."""
+
+    def forward(replica: Replica, path: str, payload: bytes, started: float) -> Routed:
+        return _forward(endpoint, replica, path, payload)
+
+    answer, tried = replicas_try(endpoint=endpoint, body=body, chat=chat, forward=forward)
+    answer.attempts = tried
+    return answer
+
+
+def replicas_try(
+    *,
+    endpoint: Endpoint,
+    body: dict,
+    chat: bool,
+    forward: Callable[[Replica, str, bytes, float], T],
+    hands_off: bool = False,
+) -> tuple[T, list[str]]:
+    """The one retry loop of every completion: ``forward(replica, path, payload, started)``
+    on the healthy replicas in turn, the next one when a replica cannot be reached
+    (ReplicaUnreachable), a 504 when it does not answer in time; returns what forward
+    returned and the replicas tried before. Each attempt is counted in flight on its
+    replica and the request's outcome recorded, except where ``hands_off``: then what
+    forward returned (a stream's relay) ends the count and records the outcome itself."""
     path = route_start(endpoint=endpoint, body=body, chat=chat)
     payload = json.dumps(body).encode()
     started = time.monotonic()
@@ -132,8 +157,11 @@ def completion_route(*, endpoint: Endpoint, body: dict, chat: bool) -> Routed:
         for replica in candidates(endpoint)[:MAX_ATTEMPTS]:
             replica_number = replica.number
             traffic.request_begin(endpoint.pk, replica.number)
+            in_flight_here = True
             try:
-                answer = _forward(endpoint, replica, path, payload)
+                result = forward(replica, path, payload, started)
+                status, in_flight_here = (0, False) if hands_off else (200, True)
+                return result, tried
             except ReplicaUnreachable as exc:
                 tried.append(f"replica {replica.number}: {exc}")
                 replica_mark_unhealthy(replica=replica, message=f"unreachable: {exc}")
@@ -146,21 +174,20 @@ def completion_route(*, endpoint: Endpoint, body: dict, chat: bool) -> Routed:
                 status = exc.status
                 raise
             finally:
-                traffic.request_done(endpoint.pk, replica.number)
-            status = 200
-            answer.attempts = tried
-            return answer
+                if in_flight_here:
+                    traffic.request_done(endpoint.pk, replica.number)
         why = "; ".join(tried) if tried else no_replica_reason(endpoint)
         message = f"Endpoint {endpoint.pk} has no healthy replica: {why}"
         raise RouteError(503, "UNAVAILABLE", message)
     finally:
-        traffic.request_record(
-            endpoint.pk,
-            replica_number,
-            at=time.time(),
-            latency_ms=(time.monotonic() - started) * 1000,
-            status=status,
-        )
+        if status:
+            traffic.request_record(
+                endpoint.pk,
+                replica_number,
+                at=time.time(),
+                latency_ms=(time.monotonic() - started) * 1000,
+                status=status,
+            )
 
 
 def no_replica_reason(endpoint: Endpoint) -> str:

@@ -12,14 +12,7 @@ from dataclasses import dataclass
 
 from . import conf, traffic
 from .models import Endpoint, Replica
-from .routing import (
-    MAX_ATTEMPTS,
-    RouteError,
-    candidates,
-    no_replica_reason,
-    replica_refused,
-    route_start,
-)
+from .routing import replica_refused, replicas_try
 from .services import replica_mark_unhealthy
 from .transport import ReplicaStream, ReplicaTimeout, ReplicaUnreachable, replica_stream
 
@@ -45,53 +38,25 @@ class Streamed:
 
 def completion_stream_route(*, endpoint: Endpoint, body: dict, chat: bool) -> Streamed:
     """Open a stream on a healthy replica. Raises RouteError until one answers 200."""
-    path = route_start(endpoint=endpoint, body=body, chat=chat)
-    payload = json.dumps(body).encode()
-    started = time.monotonic()
-    status, replica_number = 503, None
-    tried: list[str] = []
-    try:
-        for replica in candidates(endpoint)[:MAX_ATTEMPTS]:
-            replica_number = replica.number
-            traffic.request_begin(endpoint.pk, replica.number)
-            try:
-                stream = replica_stream(
-                    replica.host,
-                    replica.port,
-                    path,
-                    token=endpoint.replica_token,
-                    body=payload,
-                    timeout=conf.request_timeout_s(),
-                )
-            except ReplicaUnreachable as exc:
-                traffic.request_done(endpoint.pk, replica.number)
-                tried.append(f"replica {replica.number}: {exc}")
-                replica_mark_unhealthy(replica=replica, message=f"unreachable: {exc}")
-                continue
-            except ReplicaTimeout as exc:
-                traffic.request_done(endpoint.pk, replica.number)
-                status = 504
-                message = f"Replica {replica.number}: {exc}"
-                raise RouteError(504, "DEADLINE_EXCEEDED", message) from exc
-            if stream.status != 200:
-                traffic.request_done(endpoint.pk, replica.number)
-                error = replica_refused(replica, stream.status, stream.read_body())
-                status = error.status
-                raise error
-            status = 0  # the relay records how it ends
-            return Streamed(_relay(endpoint, replica, stream, started), replica.number)
-        why = "; ".join(tried) if tried else no_replica_reason(endpoint)
-        message = f"Endpoint {endpoint.pk} has no healthy replica: {why}"
-        raise RouteError(503, "UNAVAILABLE", message)
-    finally:
-        if status:
-            traffic.request_record(
-                endpoint.pk,
-                replica_number,
-                at=time.time(),
-                latency_ms=(time.monotonic() - started) * 1000,
-                status=status,
-            )
+
+    def forward(replica: Replica, path: str, payload: bytes, started: float) -> Streamed:
+        stream = replica_stream(
+            replica.host,
+            replica.port,
+            path,
+            token=endpoint.replica_token,
+            body=payload,
+            timeout=conf.request_timeout_s(),
+        )
+        if stream.status != 200:
+            raise replica_refused(replica, stream.status, stream.read_body())
+        return Streamed(_relay(endpoint, replica, stream, started), replica.number)
+
+    # The relay counts the request done and records how it ended, once the stream ends.
+    streamed, _tried = replicas_try(
+        endpoint=endpoint, body=body, chat=chat, forward=forward, hands_off=True
+    )
+    return streamed
 
 
 def _relay(

@@ -11,7 +11,6 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import pytest
@@ -28,6 +27,7 @@ from health.poll import _agent_files
 from node.agent import mtc_agent
 
 from .conftest import make_spec
+from .waiting import wait_until
 
 
 def make_node(cluster_id: str = "ag") -> Node:
@@ -192,10 +192,11 @@ def test_the_daemon_runs_one_deeper_round_when_asked(tmp_path):
             env=env,
         )
         try:
-            deadline = time.monotonic() + 30
-            while len(server.requests) < 3 and proc.poll() is None:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
+            wait_until(
+                lambda: len(server.requests) >= 3 or proc.poll() is not None,
+                what="three reports",
+                every=0.1,
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=10)

@@ -13,6 +13,7 @@ from jobs.models import Job
 from jobs.sync import jobs_sync
 
 from .conftest import cluster_root, make_spec
+from .waiting import job_wait_state, wait_until
 
 pytestmark = pytest.mark.slurm
 NODE_NAMES = "#!/bin/bash\nsrun bash -c 'echo node=$SLURMD_NODENAME'\n"
@@ -44,14 +45,7 @@ def squeue_ids(cluster_id: str) -> list[str]:
 
 
 def wait_state(cluster, job_id: str, states: set[str], timeout: float = 20) -> Job:
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs_sync(cluster=cluster)
-        job = Job.objects.get(cluster=cluster, job_id=job_id)
-        if job.state in states:
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} stuck in {job.state}"
-        time.sleep(0.2)
+    return job_wait_state(cluster, job_id, states, timeout=timeout)
 
 
 def submit(api, body, cluster_id="jb"):
@@ -102,18 +96,16 @@ def test_cancel_running_job_then_cancel_again_is_409(cluster, user_api):
     response = user_api.post(f"/api/v1/clusters/jb/jobs/{job_id}/cancel")
     assert response.status_code == 202
     conf = cluster_root("jb") / "etc" / "slurm.conf"
-    deadline = time.monotonic() + 10
-    while True:
-        state = subprocess.run(
+
+    def squeue_state() -> str:
+        return subprocess.run(
             ["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T"],
             capture_output=True,
             text=True,
             env=dict(os.environ, SLURM_CONF=str(conf)),
         ).stdout.strip()
-        if state == "CANCELLED" or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    assert state == "CANCELLED"
+
+    wait_until(lambda: squeue_state() == "CANCELLED", what="CANCELLED in squeue", every=0.1)
     assert wait_state(cluster, job_id, {"CANCELLED"}).state == "CANCELLED"
     assert user_api.get(f"/api/v1/clusters/jb/jobs/{job_id}").json()["state"] == "CANCELLED"
     again = user_api.post(f"/api/v1/clusters/jb/jobs/{job_id}/cancel")
@@ -231,14 +223,14 @@ def test_array_job_tasks_and_filters(cluster, user_api):
         user_api,
         {"name": "sweep", "script": "#!/bin/bash\necho $SLURM_ARRAY_TASK_ID\n", "array": "0-3"},
     ).json()
-    deadline = time.monotonic() + 20
-    while True:
-        jobs_sync(cluster=cluster)
-        tasks = Job.objects.filter(cluster=cluster, array_task_id__isnull=False)
-        if tasks.count() == 4 and all(t.state == "COMPLETED" for t in tasks):
-            break
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+
+    def all_done():
+        tasks = list(Job.objects.filter(cluster=cluster, array_task_id__isnull=False))
+        return tasks if len(tasks) == 4 and all(t.state == "COMPLETED" for t in tasks) else None
+
+    tasks = wait_until(
+        all_done, before=lambda: jobs_sync(cluster=cluster), what="4 array tasks COMPLETED"
+    )
     assert {t.owner.username for t in tasks} == {"uma"}
     assert Job.objects.get(job_id=job["job_id"]).state == "COMPLETED"
     out = user_api.get(f"/api/v1/clusters/jb/jobs/{job['job_id']}_2/output").json()

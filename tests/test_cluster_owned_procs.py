@@ -5,13 +5,13 @@ import os
 import random
 import signal
 import subprocess
-import time
 
 import pytest
 
 from clusters.providers import procs
 
 from .conftest import cluster_root, make_spec
+from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -31,10 +31,7 @@ def other_user():
 
 
 def _poll(condition, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    wait_until(condition, what=what, timeout=timeout, every=0.1)
 
 
 def _job_task_pids(job_id: str) -> list[int]:

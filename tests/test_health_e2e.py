@@ -13,6 +13,7 @@ from health.poll import cluster_health_poll
 from health.services import report_ingest
 
 from .conftest import cluster_root, make_spec, sinfo_json
+from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -221,10 +222,12 @@ def test_killed_node_is_repaired_and_its_job_resumes(cluster, user_api, operator
         recipe_jobs_ingest(cluster)
         return Job.objects.get(job_id=job_id)
 
-    deadline = time.monotonic() + 120
-    while job().metrics.get("last_checkpoint_step", 0) < 10:
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
+    wait_until(
+        lambda: job().metrics.get("last_checkpoint_step", 0) >= 10,
+        what="a checkpoint at step 10",
+        timeout=120,
+        every=0.3,
+    )
     names = (
         get_provider("local")
         .slurm(cluster)
@@ -243,15 +246,14 @@ def test_killed_node_is_repaired_and_its_job_resumes(cluster, user_api, operator
     assert repair.failure.mode == "NODE_UNRESPONSIVE" and repair.action == "reboot"
     assert repair.state == "SUCCEEDED", repair.message
     assert [j["job_id"] for j in repair.jobs_requeued] == [job_id]
-    while job().state != "RUNNING":
-        assert time.monotonic() < deadline + 60
-        time.sleep(0.2)
+    wait_until(lambda: job().state == "RUNNING", what="the job running again", timeout=60)
     running_again = time.monotonic() - killed_at
-    done = job()
-    while done.state not in ("COMPLETED", "FAILED", "CANCELLED"):
-        assert time.monotonic() < deadline + 240, done.state
-        time.sleep(0.5)
-        done = job()
+    done = wait_until(
+        lambda: (j := job()).state in ("COMPLETED", "FAILED", "CANCELLED") and j,
+        what=lambda: f"the job to finish; it is {job().state}",
+        timeout=240,
+        every=0.5,
+    )
     out_dir = cluster_root("hx") / "output"
     assert done.state == "COMPLETED", "\n".join(
         p.read_text()[-4000:] for p in out_dir.glob(f"slurm-{job_id}.*")

@@ -2,7 +2,6 @@
 (SLURMD_NODENAME) and a failing node drains itself, with no mtc poller involved."""
 
 import json
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from health.models import HealthReport
 from slurm.config import HEALTH_CHECK_NODE_STATE
 
 from .conftest import cluster_root, make_spec
+from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -34,10 +34,7 @@ def test_a_failing_health_check_drains_the_node_through_slurm(local_clusters):
     # slurmd ran it on start, for each node by its name: quick checks, DCGM level 1.
     for name in ("hc-gpu-0", "hc-gpu-1"):
         out = root / "nodes" / name / "healthcheck.json"
-        deadline = time.monotonic() + 20
-        while not out.exists():
-            assert time.monotonic() < deadline, f"no health check ran for {name}"
-            time.sleep(0.2)
+        wait_until(out.exists, what=f"a health check of {name}", timeout=20)
         report = json.loads(out.read_text())
         assert report["node"] == name
         checks = {c["name"]: c for c in report["checks"]}
@@ -49,19 +46,19 @@ def test_a_failing_health_check_drains_the_node_through_slurm(local_clusters):
     client.node_update(["hc-gpu-0"], state="DRAIN", reason="maintenance")
     for name in ("hc-gpu-0", "hc-gpu-1"):
         provider.fault_inject(cluster, Node.objects.get(name=name), "disk")
-    deadline = time.monotonic() + 30
-    while True:
+
+    def drained():
         seen = {n.name: n for n in client.nodes()}
-        if "DRAIN" in seen["hc-gpu-1"].flags:
-            break
-        assert time.monotonic() < deadline, seen["hc-gpu-1"]
-        time.sleep(0.3)
+        return seen if "DRAIN" in seen["hc-gpu-1"].flags else None
+
+    seen = wait_until(drained, what="hc-gpu-1 drained for its full disk", timeout=30)
     assert seen["hc-gpu-1"].reason == "mtc: DISK_FULL"
     # Wait for the round on hc-gpu-0 that saw the full disk and kept the person's drain.
     log = root / "log" / "healthcheck-hc-gpu-0.log"
-    deadline = time.monotonic() + 30
-    while not (log.exists() and "already drained (maintenance)" in log.read_text()):
-        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
-        time.sleep(0.2)
+    wait_until(
+        lambda: log.exists() and "already drained (maintenance)" in log.read_text(),
+        what=lambda: log.read_text() if log.exists() else "a health check log",
+        timeout=30,
+    )
     assert {n.name: n.reason for n in client.nodes()}["hc-gpu-0"] == "maintenance"
     assert not HealthReport.objects.exists()  # Slurm's mechanism alone, not mtc's poller

@@ -8,7 +8,6 @@ Rows are made directly through the models (no Slurm) except in tests marked
 from __future__ import annotations
 
 import re
-import time
 from datetime import timedelta
 
 import pytest
@@ -24,12 +23,12 @@ from jobs import services
 from jobs.choices import JobState
 from jobs.forms import JobSubmitForm, parse_env
 from jobs.models import Job, JobEvent
-from jobs.sync import jobs_sync
 from jobs.views import allowed_actions, expand_hostlist
 from mtc.templatetags.mtc_ui import job_elapsed, job_tone, slurm_duration
 
 from .conftest import make_spec
 from .test_pages import make_cluster
+from .waiting import job_wait_state
 
 pytestmark = pytest.mark.django_db
 
@@ -647,15 +646,7 @@ def test_node_lists_expand():
 
 
 # --- against real Slurm --------------------------------------------------------------
-def wait_state(cluster, job_id: str, states: set[str], timeout: float = 30) -> Job:
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs_sync(cluster=cluster)
-        job = Job.objects.get(cluster=cluster, job_id=job_id)
-        if job.state in states:
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} stuck in {job.state}"
-        time.sleep(0.25)
+wait_state = job_wait_state
 
 
 @pytest.mark.slurm

@@ -1,7 +1,6 @@
 """Recipes end to end on a real 2-node local cluster: launch through the API, Slurm
 runs srun + torchrun on both nodes, the poller stores the metrics."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from jobs.sync import jobs_sync
 from recipes.metrics import recipe_jobs_ingest
 
 from .conftest import make_spec
+from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "UNKNOWN"}
@@ -38,16 +38,21 @@ def launch(api, recipe: str, nodes: int = 2, **overrides) -> str:
 
 def poll(cluster, job_id: str, until, timeout: float = 240) -> Job:
     """Play the poller (no Celery worker in tests) until ``until(job)`` holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs_sync(cluster=cluster)
-        recipe_jobs_ingest(cluster)
+
+    def arrived() -> Job | None:
         job = Job.objects.get(cluster=cluster, job_id=job_id)
         if until(job):
             return job
         assert job.state not in TERMINAL, (job.state, output(job))
-        assert time.monotonic() < deadline, f"job {job_id} still {job.state}"
-        time.sleep(0.3)
+        return None
+
+    return wait_until(
+        arrived,
+        before=lambda: (jobs_sync(cluster=cluster), recipe_jobs_ingest(cluster)),
+        what=lambda: f"job {job_id}; it is {Job.objects.get(cluster=cluster, job_id=job_id).state}",
+        timeout=timeout,
+        every=0.3,
+    )
 
 
 def finished(cluster, job_id: str) -> Job:

@@ -2,7 +2,6 @@
 launched with ``register_as`` becomes version 1 (exported, loaded by transformers), an
 sft started from ``models/<name>@1`` becomes version 2 with version 1 as its parent."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from registry.models import ModelVersion
 from registry.tasks import registrations_poll
 
 from .conftest import make_spec
+from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "UNKNOWN"}
@@ -44,16 +44,21 @@ def launch_and_register(api, cluster, recipe: str, **overrides) -> ModelVersion:
     )
     assert response.status_code == 201, response.content
     job_id = response.json()["job_id"]
-    deadline = time.monotonic() + 180
-    while True:
-        jobs_sync(cluster=cluster)
-        recipe_jobs_ingest(cluster)
+
+    def finished() -> Job | None:
         job = Job.objects.get(cluster=cluster, job_id=job_id)
         if job.state in TERMINAL and job.metrics.get("done"):
-            break
+            return job
         assert job.state not in TERMINAL, (job.state, output(job))
-        assert time.monotonic() < deadline, f"job {job_id} still {job.state}"
-        time.sleep(0.3)
+        return None
+
+    job = wait_until(
+        finished,
+        before=lambda: (jobs_sync(cluster=cluster), recipe_jobs_ingest(cluster)),
+        what=f"job {job_id} to finish",
+        timeout=180,
+        every=0.3,
+    )
     assert job.state == "COMPLETED", output(job)
     registrations_poll()
     return ModelVersion.objects.select_related("model", "parent").get(source_job=job)

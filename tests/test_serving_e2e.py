@@ -23,6 +23,7 @@ from serving.reconcile import endpoint_reconcile
 
 from .conftest import cluster_root, make_spec
 from .test_serving_support import redis_forget_serving, tiny_model_dir, version_make
+from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 __all__ = ["tiny_model_dir"]  # a fixture this module uses
@@ -42,19 +43,27 @@ def tick(cluster) -> None:
         endpoint_reconcile(endpoint_id=endpoint_id)
 
 
-def wait_until(cluster, condition, *, what: str, timeout: float = 90, between=None):
-    deadline = time.monotonic() + timeout
-    while True:
+def wait_serving(cluster, condition, *, what: str, timeout: float = 90, between=None):
+    """Tick the serving pollers until ``condition()``; ``between`` replaces the pause (a
+    request that loads the replicas, say)."""
+
+    def before():
         tick(cluster)
+
+    def done():
         if condition():
-            return
-        assert time.monotonic() < deadline, (
-            f"timed out waiting for {what}: {replica_states()}\n{last_replica_output()}"
-        )
+            return True
         if between:
             between()
-        else:
-            time.sleep(0.2)
+        return False
+
+    wait_until(
+        done,
+        before=before,
+        every=0 if between else 0.2,
+        timeout=timeout,
+        what=lambda: f"{what}: {replica_states()}\n{last_replica_output()}",
+    )
 
 
 def last_replica_output() -> str:
@@ -102,7 +111,7 @@ def test_deploy_serve_replace_scale_and_delete(cluster, tiny_model_dir, user, us
     assert response.json()["version"] == 1 and response.json()["chat"] is True
 
     # Deploy -> answers through mtc's API within seconds.
-    wait_until(cluster, lambda: ready_numbers(endpoint_id) == [1], what="replica 1 ready")
+    wait_serving(cluster, lambda: ready_numbers(endpoint_id) == [1], what="replica 1 ready")
     answer = complete(user_api, endpoint_id)
     ready_after = time.monotonic() - deployed
     assert answer.status_code == 200, answer.content
@@ -138,7 +147,7 @@ def test_deploy_serve_replace_scale_and_delete(cluster, tiny_model_dir, user, us
         timeout=20,
     )
     killed = time.monotonic()
-    wait_until(cluster, lambda: ready_numbers(endpoint_id) == [2], what="replica 2 replacing 1")
+    wait_serving(cluster, lambda: ready_numbers(endpoint_id) == [2], what="replica 2 replacing 1")
     back_after = time.monotonic() - killed
     first.refresh_from_db()
     assert first.state == "FAILED", replica_states()
@@ -154,7 +163,7 @@ def test_deploy_serve_replace_scale_and_delete(cluster, tiny_model_dir, user, us
             assert response.status_code == 200, response.content
             served_by.add(response["X-MTC-Replica"])
 
-    wait_until(
+    wait_serving(
         cluster,
         lambda: len(ready_numbers(endpoint_id)) == 2,
         what="a second replica under load",
@@ -166,7 +175,7 @@ def test_deploy_serve_replace_scale_and_delete(cluster, tiny_model_dir, user, us
     assert len(served_by) == 2, served_by
 
     # The load stops -> back to one replica after the window and the delay.
-    wait_until(
+    wait_serving(
         cluster,
         lambda: (
             Endpoint.objects.get(pk=endpoint_id).desired_replicas == 1
@@ -189,6 +198,8 @@ def test_deploy_serve_replace_scale_and_delete(cluster, tiny_model_dir, user, us
     # Delete: replicas stopped, the row goes (the version may be deleted again).
     job_ids = list(Replica.objects.filter(endpoint_id=endpoint_id).values_list("job_id", flat=True))
     assert user_api.delete(f"/api/v1/endpoints/{endpoint_id}").status_code in (202, 204)
-    wait_until(cluster, lambda: not Endpoint.objects.filter(pk=endpoint_id).exists(), what="delete")
+    wait_serving(
+        cluster, lambda: not Endpoint.objects.filter(pk=endpoint_id).exists(), what="delete"
+    )
     states = set(Job.objects.filter(pk__in=job_ids).values_list("state", flat=True))
     assert states <= TERMINAL_STATES, states

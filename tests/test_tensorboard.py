@@ -25,6 +25,7 @@ from recipes import tasks, tensorboard
 from recipes.tensorboard_views import tensorboard_proxy
 
 from .conftest import make_spec
+from .waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 CLUSTER_ID = "tbtest"
@@ -98,14 +99,14 @@ def wait_for_runs(
     client: Client, names: set[str], timeout: float = 20.0, prefix: str = PREFIX
 ) -> list[str]:
     """TensorBoard reads event files in the background: ask until the runs are listed."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def listed() -> list[str] | None:
         response = client.get(f"{prefix}/data/runs")
         assert response.status_code == 200
         runs = json.loads(body(response))
-        if names <= {run.split("/")[0] for run in runs} or time.monotonic() > deadline:
-            return runs
-        time.sleep(0.3)
+        return runs if names <= {run.split("/")[0] for run in runs} else None
+
+    return wait_until(listed, what=f"TensorBoard to list {sorted(names)}", timeout=timeout)
 
 
 def test_anonymous_requests_are_refused(world):
@@ -333,14 +334,13 @@ def test_the_os_keeps_a_users_tensorboard_out_of_other_users_runs(isolated):
     )
     try:
         assert uid_of(pid) == ada["account"].uid
-        deadline = time.monotonic() + 20
-        while True:
+
+        def listed() -> set[str] | None:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/probe/data/runs") as answer:
-                listed = run_names(json.loads(answer.read()))
-            if "1-ada" in listed or time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
-        assert listed == {"1-ada"}
+                names = run_names(json.loads(answer.read()))
+            return names if "1-ada" in names else None
+
+        assert wait_until(listed, what="ada's run listed", timeout=20) == {"1-ada"}
     finally:
         procs.stop([pid])
         tensorboard_process.reap_children()

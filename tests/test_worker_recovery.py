@@ -14,18 +14,13 @@ from clusters.providers import get_provider
 from mtc.devstack import Stack
 
 from .conftest import cluster_processes, make_spec, sinfo_json
+from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 
 
 def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout=timeout, what=what)
 
 
 def _slurmd_count(cluster_id: str) -> int:

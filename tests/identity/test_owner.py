@@ -5,7 +5,6 @@ touch another user's job."""
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 from django.conf import settings as django_settings
@@ -15,10 +14,9 @@ from clusters.models import Cluster
 from identity import paths as identity_paths
 from identity.models import PosixAccount
 from identity.services import account_ensure
-from jobs.models import Job
-from jobs.sync import jobs_sync
 
 from ..conftest import cluster_processes, cluster_root, make_spec
+from ..waiting import job_wait_state
 
 pytestmark = pytest.mark.slurm
 
@@ -40,15 +38,7 @@ def cluster(secret_env, local_clusters, settings):
     return Cluster.objects.get(cluster_id="idn")
 
 
-def wait_state(cluster, job_id: str, states: set[str], timeout: float = 30) -> Job:
-    deadline = time.monotonic() + timeout
-    while True:
-        jobs_sync(cluster=cluster)
-        job = Job.objects.get(cluster=cluster, job_id=job_id)
-        if job.state in states:
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} stuck in {job.state}"
-        time.sleep(0.2)
+wait_state = job_wait_state
 
 
 def submit(api, script: str, name: str) -> dict:
