@@ -289,6 +289,7 @@ def _reconcile_cluster(operation: Operation) -> None:
                 )
                 provider.apply(cluster, nodes)
     cluster.nodes.update(lifecycle=NodeLifecycle.ACTIVE)
+    provider.nodes_ready(cluster, nodes)
     nodes_sync(cluster=cluster, provider=provider)
     Cluster.objects.filter(pk=cluster.pk).exclude(state=ClusterState.DELETING).update(
         state=ClusterState.RUNNING, state_message="", update_time=timezone.now()

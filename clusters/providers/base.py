@@ -83,6 +83,9 @@ class Provider(ABC):
     def login_command(self, cluster: Cluster) -> str:
         return ""
 
+    def nodes_ready(self, cluster: Cluster, nodes: list[Node]) -> None:  # noqa: B027
+        """Optional hook: every node of ``nodes`` registered (start what should wait for that)."""
+
     def services_check(self, cluster: Cluster) -> None:  # noqa: B027 - optional hook
         """Bring back a helper daemon that died while the controller runs (every 10 s)."""
 

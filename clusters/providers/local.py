@@ -373,6 +373,11 @@ class LocalProvider(LocalNodes, Provider):
         # processes: the agents below write their tokens through the database.)
         with ThreadPoolExecutor(max_workers=NODE_STARTS_AT_ONCE) as pool:
             list(pool.map(start, nodes))
+
+    def nodes_ready(self, cluster: Cluster, nodes: list[Node]) -> None:
+        # The agents' first rounds (the speed check's matmul among them) start once the
+        # nodes have registered: on a laptop's cores they would slow the HealthCheckProgram
+        # rounds slurmd runs before it registers a node.
         if settings.MTC_LOCAL_NODE_AGENTS:
             for node in nodes:
                 self.start_node_agent(cluster, node, interval=settings.MTC_AGENT_INTERVAL_S)
