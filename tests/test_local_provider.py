@@ -39,6 +39,9 @@ def test_poller_stores_drain_and_degraded(cluster):
     assert Cluster.objects.get(pk=cluster.pk).state == "RUNNING"
 
     provider.slurm(cluster).node_update(["pv-gpu-1"], state="RESUME")
+    # Its slurmd gone too: ReturnToService=2 brings back a DOWN node whose slurmd answers
+    # slurmctld's next ping, a race this assertion would otherwise run against.
+    provider._power_off(cluster, Node.objects.get(name="pv-gpu-1"))
     provider.slurm(cluster).node_update(["pv-gpu-1"], state="DOWN", reason="broken")
     operations.nodes_sync(cluster=cluster)
     assert Node.objects.get(name="pv-gpu-1").slurm_state.startswith("DOWN")
