@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import create_views, views
 
 app_name = "clusters"
 
@@ -8,17 +8,17 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("clusters/", views.cluster_list, name="cluster_list"),
     # create/ comes before <cluster_id>/: "create" is a valid cluster id.
-    path("clusters/create/", views.create_landing, name="create"),
-    path("clusters/create/wizard/", views.wizard_start, name="wizard"),
-    path("clusters/create/wizard/reset/", views.wizard_reset, name="wizard_reset"),
-    path("clusters/create/wizard/<slug:step>/", views.wizard_step, name="wizard_step"),
-    path("clusters/create/reference/", views.create_reference, name="create_reference"),
+    path("clusters/create/", create_views.create_landing, name="create"),
+    path("clusters/create/wizard/", create_views.wizard_start, name="wizard"),
+    path("clusters/create/wizard/reset/", create_views.wizard_reset, name="wizard_reset"),
+    path("clusters/create/wizard/<slug:step>/", create_views.wizard_step, name="wizard_step"),
+    path("clusters/create/reference/", create_views.create_reference, name="create_reference"),
     path(
         "clusters/create/reference/<slug:key>/",
-        views.create_reference_edit,
+        create_views.create_reference_edit,
         name="create_reference_edit",
     ),
-    path("clusters/create/json/", views.create_json, name="create_json"),
+    path("clusters/create/json/", create_views.create_json, name="create_json"),
     path("clusters/<slug:cluster_id>/", views.cluster_detail, name="cluster_detail"),
     path("clusters/<slug:cluster_id>/fragment/", views.cluster_fragment, name="cluster_fragment"),
     path("clusters/<slug:cluster_id>/delete/", views.cluster_delete, name="cluster_delete"),

@@ -15,10 +15,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from clusters import services
+from clusters.create_views import wizard_step_for_path
 from clusters.models import Cluster, Node, NodePool, Operation
 from clusters.reference_architectures import architecture_get, architecture_list
 from clusters.spec import validate_cluster_spec
-from clusters.views import wizard_step_for_path
 from mtc.templatetags.mtc_ui import node_group
 
 pytestmark = pytest.mark.django_db
