@@ -1,6 +1,9 @@
 """The cluster spec (docs/spec.md): one validator for the API, the wizard,
 JSON upload and the CLI. Errors are keyed by JSON path, e.g.
-``node_pools[1].scaling_spec.min_node_count``."""
+``node_pools[1].scaling_spec.min_node_count``.
+
+Past 400 lines on purpose: the whole spec's rules in one place, in the order of the
+spec's sections, so what the API, the wizard and the CLI accept cannot drift apart."""
 
 from __future__ import annotations
 

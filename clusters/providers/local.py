@@ -6,6 +6,9 @@ nodes/<node>/ (spool, emulated GPU device files, scratch). One munged, one
 slurmctld and one slurmrestd (job submission over a unix socket) per cluster, one
 ``slurmd -N <node>`` per node. The daemons detach from whoever started them, so a
 cluster outlives a restart of the web stack.
+
+What runs per node (shim, agent, faults) is in local_nodes.py; this module is past 400
+lines on purpose: every cluster-wide daemon's start, stop and wait in one place.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The mtc device shim: per-node stand-ins for ``nvidia-smi``, ``dcgmi`` and ``mtc-gpu-check``.
 
 Used on machines without GPUs (the local provider's emulated GPUs) and to inject GPU faults.
+One file past 400 lines on purpose: it is copied into each node's bin/ beside the tools.
 Each tool is a small executable script next to this module; all of them read two files from
 the node directory (``$MTC_NODE_DIR``, else the parent of the directory holding the script,
 i.e. ``<node_dir>/bin/..``):

@@ -2,7 +2,8 @@
 
 `mtc cluster plan` and the wizard's review step print these; the provider sends the
 very same bodies, so what a user reviews is what Compute Engine receives. Bodies are
-the REST API's JSON (camelCase), paths are relative to ``/compute/v1/``."""
+the REST API's JSON (camelCase), paths are relative to ``/compute/v1/``.
+Past 400 lines on purpose: every request body of a create, in the order they are sent."""
 
 from __future__ import annotations
 
