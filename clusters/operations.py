@@ -181,7 +181,12 @@ def _ensure_controller_port(cluster: Cluster) -> None:
             return
         port = allocate_ports(1)[0]
         try:
-            Cluster.objects.filter(pk=cluster.pk, controller_port=None).update(controller_port=port)
+            # Its own savepoint: a refused statement breaks the transaction around it
+            # (PostgreSQL aborts it), so a caller's atomic block could not go on.
+            with transaction.atomic():
+                Cluster.objects.filter(pk=cluster.pk, controller_port=None).update(
+                    controller_port=port
+                )
         except IntegrityError:
             continue
         cluster.refresh_from_db(fields=["controller_port"])

@@ -136,6 +136,8 @@ def _string(errors, path, value, limit, *, null=False) -> None:
         errors.add(path, "Must be a string.")
     elif len(value) > limit:
         errors.add(path, f"Longer than {limit} characters.")
+    elif "\x00" in value:  # stored as text or JSON, and PostgreSQL holds no NUL in either
+        errors.add(path, "Must not hold a NUL character.")
 
 
 def _keys(errors, path, obj: dict, required, optional) -> None:
@@ -159,6 +161,8 @@ def _free(errors, path: str, value, depth: int = 0) -> None:
         for key, item in value.items():
             if len(key) > MAX_NAME:
                 errors.add(f"{path}.{key[:MAX_NAME]}", f"Key longer than {MAX_NAME} characters.")
+            elif "\x00" in key:
+                errors.add(f"{path}.{key}", "Key holds a NUL character.")
             else:
                 _free(errors, f"{path}.{key}", item, depth + 1)
     elif isinstance(value, list):

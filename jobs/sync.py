@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime
 
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from clusters.models import Cluster
@@ -49,6 +50,20 @@ ARRAY_STATE_ORDER = [
 ]
 
 
+# squeue's text has no such bounds (a name set with sbatch -J may be 1024 characters, a
+# scattered node list longer than 500): cut to the column, which PostgreSQL enforces.
+_LIMITS = {
+    field.name: field.max_length
+    for field in map(Job._meta.get_field, SYNCED)
+    if isinstance(field, models.CharField)
+}
+
+
+def _fit(q: QueueJob) -> QueueJob:
+    cut = {name: getattr(q, name)[:n] for name, n in _LIMITS.items() if len(getattr(q, name)) > n}
+    return replace(q, **cut) if cut else q
+
+
 def _changes(job: Job, q: QueueJob) -> list[str]:
     changed = [f for f in SYNCED if getattr(job, f) != getattr(q, f)]
     if q.restart_count > job.requeue_count:
@@ -66,6 +81,7 @@ def _copy(job: Job, q: QueueJob, now: datetime) -> None:
 def apply_queue_job(job: Job, q: QueueJob, *, now: datetime, cause: str = "") -> list[str]:
     """Copy one squeue line onto a row (and its history); return the changed fields."""
     old_state, old_reason = job.state, job.reason
+    q = _fit(q)
     changed = _changes(job, q)
     if changed:
         _copy(job, q, now)
@@ -94,6 +110,7 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
         except SlurmError as exc:
             log.info("squeue for %s failed: %s", cluster.cluster_id, exc)
             return {"created": 0, "updated": 0, "gone": 0}
+    queue = [_fit(q) for q in queue]
     now = timezone.now()
     existing = {
         job.job_id: job

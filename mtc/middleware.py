@@ -1,5 +1,8 @@
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
+from django.http import HttpResponseBadRequest
+
+from .api.errors import api_error_response
 
 # The API authenticates itself (session or token) and answers 401/403 in JSON;
 # probes and static files need no login.
@@ -25,4 +28,23 @@ class LoginRequiredMiddleware:
         # The path test comes first: it spares open paths a session lookup.
         if not request.path.startswith(OPEN_PREFIXES) and not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path(), settings.LOGIN_URL)
+        return self.get_response(request)
+
+
+class NulInUrlMiddleware:
+    """A NUL character in a URL's path or query is a 400: no name or search holds one,
+    and PostgreSQL refuses one in any query text (SQLite would only find nothing)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if "\x00" in request.path or any(
+            "\x00" in key or any("\x00" in value for value in values)
+            for key, values in request.GET.lists()
+        ):
+            message = "The URL holds a NUL character."
+            if request.path.startswith("/api/"):
+                return api_error_response("INVALID_ARGUMENT", message, status=400)
+            return HttpResponseBadRequest(message, content_type="text/plain")
         return self.get_response(request)

@@ -17,8 +17,9 @@ from .tokens import token_create, token_revoke, token_rotate, tokens_of
 def _parse(data) -> tuple[str, int | None, dict[str, str]]:
     name = str(data.get("name") or "").strip()
     errors = {}
-    if not name or len(name) > 100:
-        errors["name"] = "Give a name of 1 to 100 characters."
+    # Control characters have no place in a name (and PostgreSQL refuses NUL in text).
+    if not name or len(name) > 100 or any(ord(c) < 32 or c == "\x7f" for c in name):
+        errors["name"] = "Give a name of 1 to 100 characters, none of them control characters."
     raw = data.get("expires_days")
     days = None
     if raw not in (None, ""):

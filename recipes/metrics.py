@@ -24,6 +24,16 @@ def _time(value) -> datetime | None:
         return None
 
 
+def _holds_nul(value) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(item) for item in value)
+    return False
+
+
 def job_metrics_ingest(job: Job) -> int:
     """Store the lines written since the last call; return how many steps were added."""
     path = job.metrics_path
@@ -47,6 +57,11 @@ def job_metrics_ingest(job: Job) -> int:
             log.warning("job %s: skipping a malformed metrics line", job)
             continue
         if not isinstance(entry, dict):
+            continue
+        # The run writes this file; PostgreSQL's JSON holds no NUL, and one such line
+        # would fail the whole batch at every poll.
+        if b"\\u0000" in raw and _holds_nul(entry):
+            log.warning("job %s: skipping a metrics line with a NUL character", job)
             continue
         event = entry.get("event")
         if event:

@@ -41,6 +41,8 @@ class Taken:
 
         def plain(key: str, kind: type, default):
             value = self.info.get(key)
+            if isinstance(value, str):  # PostgreSQL stores no NUL in text
+                value = value.replace("\x00", "")
             return value if isinstance(value, kind) and not isinstance(value, bool) else default
 
         text = (

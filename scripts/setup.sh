@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 # slurmrestd: each local cluster runs one, on a unix socket, for fast job submits.
 # slurm-wlm-jwt-plugin: slurmctld's auth/jwt, for submits as their owner through slurmrestd.
 # slapd + ldap-utils: the tests' private directory; libldap2-dev libsasl2-dev: python-ldap builds.
-PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev python3-dev)
+# postgresql: `make test` runs the database tests a second time on a private server.
+PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server postgresql chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev python3-dev)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

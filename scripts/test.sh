@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
 # `make test`: a private data dir and Redis on a free port, Django's checks, ruff,
-# then pytest; afterwards stop every process the tests left under the data dir.
+# then pytest twice: every test on SQLite, then the tests that use the database on a
+# private PostgreSQL (its own data dir and port); afterwards stop every process the
+# tests left under the data dir.
+# MTC_TEST_PASSES=sqlite or =postgres runs one pass alone (default: sqlite,postgres).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
+PASSES=${MTC_TEST_PASSES:-sqlite,postgres}
+for pass in ${PASSES//,/ }; do
+  [[ $pass == sqlite || $pass == postgres ]] || {
+    echo "test: MTC_TEST_PASSES takes sqlite and/or postgres, not '$pass'"; exit 2; }
+done
 
 TEST_TMP=$(mktemp -d /tmp/mtc-test.XXXXXX)
 # Jobs run as their owners' accounts: they pass through (never list) the run's dir.
 chmod 0711 "$TEST_TMP"
 # Each run makes its Unix accounts in its own block of 200 uids, so runs side by side
-# never share one; cleanup removes the block's accounts.
+# never share one; the SQLite pass takes the first 120, the PostgreSQL pass the other
+# 80 (neither adopts the other's accounts); cleanup removes the whole block.
 UID_BLOCK=$(( 30000 + ( $(printf '%s' "$TEST_TMP" | cksum | cut -d' ' -f1) % 150 ) * 200 ))
-export MTC_UID_RANGE="$UID_BLOCK-$((UID_BLOCK + 199))"
+export MTC_UID_RANGE="$UID_BLOCK-$((UID_BLOCK + 119))"
+PG_UID_RANGE="$((UID_BLOCK + 120))-$((UID_BLOCK + 199))"
 export MTC_DATA_DIR="$TEST_TMP/data"
 export MTC_CELERY_EAGER=1
 # Tests run node checks on demand; agent daemons on every test node would only
@@ -24,8 +34,57 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
   --dir "$TEST_TMP" --daemonize no >"$TEST_TMP/redis.log" 2>&1 &
 REDIS_PID=$!
 
+PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)
+PG_DIR="$TEST_TMP/pg"
+PG_STARTED=""
+# initdb's superuser: the account its commands run as, so peer auth lets them in.
+PG_SUPER=postgres
+((EUID == 0)) || PG_SUPER=$(id -un)
+# PostgreSQL refuses to run as root: as root its commands run as the postgres account,
+# from its own dir (it may not enter the checkout).
+as_pg() {
+  if ((EUID == 0)); then
+    (cd "$PG_DIR" && setpriv --reuid=postgres --regid=postgres --init-groups -- "$@")
+  else
+    (cd "$PG_DIR" && "$@")
+  fi
+}
+
+# A private PostgreSQL: initdb into the run's dir, 127.0.0.1 on a free port, durability
+# off (the data lives for one run). Sets PG_URL to a fresh role's database.
+pg_start() {
+  [[ -x $PG_BIN/initdb ]] || { echo "test: PostgreSQL is not installed (make setup)" >&2; return 1; }
+  mkdir -m 0700 "$PG_DIR" || return 1
+  if ((EUID == 0)); then chown postgres:postgres "$PG_DIR" || return 1; fi
+  local port password
+  port=$($PY -c 'from mtc.devstack import free_port; print(free_port())')
+  password=$($PY -c 'import secrets; print(secrets.token_hex(16))')
+  as_pg "$PG_BIN/initdb" -D "$PG_DIR/data" -U "$PG_SUPER" -A peer --auth-host=scram-sha-256 \
+    -E UTF8 --locale=C.UTF-8 >"$PG_DIR/initdb.log" 2>&1 || {
+    cat "$PG_DIR/initdb.log" >&2; return 1; }
+  cat >>"$PG_DIR/data/postgresql.conf" <<EOF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$PG_DIR'
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+EOF
+  PG_STARTED=1
+  as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -s start || {
+    cat "$PG_DIR/server.log" >&2; return 1; }
+  # The role may create databases: pytest-django makes test_mtc beside mtc.
+  as_pg "$PG_BIN/psql" -h "$PG_DIR" -p "$port" -U "$PG_SUPER" -d postgres -q -v ON_ERROR_STOP=1 \
+    -c "CREATE ROLE mtc LOGIN CREATEDB PASSWORD '$password'" -c "CREATE DATABASE mtc OWNER mtc" \
+    >&2 || return 1
+  PG_URL="postgres://mtc:$password@127.0.0.1:$port/mtc"
+}
+
 cleanup() {
+  # Under the main body's set -e one failed command here would skip the rest.
+  set +e
   kill "$REDIS_PID" 2>/dev/null
+  [[ -n $PG_STARTED ]] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" stop -m fast -s
   # Slurm daemons and job steps the tests started all mention the data dir.
   $PY - "$TEST_TMP" <<'PYEOF'
 import sys
@@ -57,8 +116,31 @@ echo "== import layers"
 echo "== identity"
 # The identity tests need other accounts to run mtc's Python (README, Identity).
 DJANGO_SETTINGS_MODULE=mtc.settings $PY -c 'import django; django.setup(); from identity.selectors import identity_mode, single_user_reason as r; print(identity_mode(), r())'
-echo "== pytest"
 set +e
-$PY -m pytest "$@"
-rc=$?
+rc=0
+if [[ ,$PASSES, == *,sqlite,* ]]; then
+  echo "== pytest (SQLite)"
+  $PY -m pytest "$@" || rc=$?
+fi
+if [[ ,$PASSES, == *,postgres,* ]]; then
+  echo "== pytest (PostgreSQL)"
+  PG_URL=""
+  if ! pg_start; then
+    echo "test: the private PostgreSQL did not start"
+    exit 1
+  fi
+  # Only the tests that use the database (tests/conftest.py); Slurm and browser tests
+  # ran in the SQLite pass. A -m in the arguments comes later and replaces this one.
+  # Its own data dir too: homes and cluster dirs of the first pass belong to its accounts.
+  mkdir -p "$TEST_TMP/data-pg"
+  DATABASE_URL=$PG_URL MTC_TEST_DB_ONLY=1 MTC_UID_RANGE=$PG_UID_RANGE \
+    MTC_DATA_DIR="$TEST_TMP/data-pg" \
+    $PY -m pytest -m "not slurm and not browser" "$@"
+  pg_rc=$?
+  if ((pg_rc == 5)); then
+    echo "test: none of these tests use the database"  # nothing to repeat on PostgreSQL
+  elif ((pg_rc != 0 && rc == 0)); then
+    rc=$pg_rc
+  fi
+fi
 exit $rc

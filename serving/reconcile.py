@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from .services import (
 from .transport import ReplicaTimeout, ReplicaUnreachable, replica_call
 
 log = logging.getLogger(__name__)
+HOST_RE = re.compile(r"[A-Za-z0-9._:%-]{1,255}")  # a name, IPv4 or IPv6 (Replica.host holds 255)
 RESTOP_AFTER_S = 15  # a stopping replica whose job still runs gets another scancel
 
 
@@ -67,12 +69,18 @@ def replica_address(replica: Replica) -> tuple[str, int] | None:
     """The address the replica's server wrote once it listened, if it is this job's."""
     try:
         state = json.loads((Path(replica.run_dir) / "replica.json").read_text())
-    except (OSError, ValueError):
+        job_id, restart = str(state.get("job_id")), int(state.get("restart", 0))
+        host, port = str(state["host"]), int(state["port"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     job = replica.job
-    if str(state.get("job_id")) != job.job_id or int(state.get("restart", 0)) < job.requeue_count:
+    if job_id != job.job_id or restart < job.requeue_count:
         return None  # an earlier run's file
-    return str(state["host"]), int(state["port"])
+    # The job writes this file: an address no socket takes is none (and a longer host or a
+    # NUL would fail the row's update on PostgreSQL at every reconcile).
+    if not HOST_RE.fullmatch(host) or not 0 < port < 65536:
+        return None
+    return host, port
 
 
 def replica_health(endpoint: Endpoint, replica: Replica) -> tuple[bool, str, dict]:
@@ -97,7 +105,11 @@ def replica_health(endpoint: Endpoint, replica: Replica) -> tuple[bool, str, dic
 
 def _replica_failed(endpoint: Endpoint, replica: Replica, message: str, now: datetime) -> None:
     if not replica_transition(
-        replica, LIVE_REPLICA_STATES, ReplicaState.FAILED, health_message=message, end_time=now
+        replica,
+        LIVE_REPLICA_STATES,
+        ReplicaState.FAILED,
+        health_message=message[:500],  # the column's length: PostgreSQL refuses more
+        end_time=now,
     ):
         return
     if replica.ready_time is None:

@@ -15,6 +15,35 @@ from clusters.demo import DEMO_SPEC
 from clusters.models import Cluster
 from clusters.providers import get_provider, procs
 
+# Fixtures that give a test the database (pytest-django's, and the ones built on them).
+DB_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "django_db_setup",
+        "live_server",
+    }
+)
+
+
+def uses_database(item: pytest.Item) -> bool:
+    if item.get_closest_marker("django_db") is not None:
+        return True
+    return not DB_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """MTC_TEST_DB_ONLY=1 (`make test`'s PostgreSQL pass): run only the tests that use
+    the database; the others ran in the SQLite pass and would only repeat it."""
+    if os.environ.get("MTC_TEST_DB_ONLY") != "1":
+        return
+    keep = [item for item in items if uses_database(item)]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not uses_database(item)])
+        items[:] = keep
+
 
 @pytest.fixture
 def operator(django_user_model):
@@ -59,6 +88,25 @@ def local_clusters(transactional_db, settings):
     yield
     for cluster in Cluster.objects.all():
         get_provider(cluster.provider).delete_cluster(cluster)
+
+
+def database_url() -> str:
+    """DATABASE_URL of the test database, for the workers a test starts in subprocesses."""
+    from urllib.parse import quote
+
+    from django.db import connection
+
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    if connection.vendor != "postgresql":
+        raise NotImplementedError(f"no DATABASE_URL for {connection.vendor}")
+    credentials = quote(db["USER"] or "", safe="")
+    if db["PASSWORD"]:
+        credentials += ":" + quote(db["PASSWORD"], safe="")
+    host = quote(db["HOST"] or "", safe="")  # a socket dir becomes %2F...
+    port = f":{db['PORT']}" if db["PORT"] else ""
+    return f"postgres://{credentials}@{host}{port}/{quote(db['NAME'], safe='')}"
 
 
 def cluster_root(cluster_id: str):

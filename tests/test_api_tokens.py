@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from django.apps import apps
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, models
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -59,10 +59,13 @@ def test_drf_create_token_prints_a_working_key(db, user):
 
 def test_migration_moves_a_plain_authtoken_key(transactional_db, user):
     old = "0123456789abcdef0123456789abcdef01234567"
+    # DRF's table as each database spells its columns (SQLite's datetime is no PostgreSQL type).
+    fields = (models.CharField(max_length=40), models.IntegerField(), models.DateTimeField())
+    key, user_id, created = (field.db_type(connection) for field in fields)
     with connection.cursor() as cursor:
         cursor.execute(
-            "CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, "
-            "user_id integer NOT NULL, created datetime NOT NULL)"
+            f"CREATE TABLE authtoken_token (key {key} PRIMARY KEY, "
+            f"user_id {user_id} NOT NULL, created {created} NOT NULL)"
         )
         cursor.execute(
             "INSERT INTO authtoken_token VALUES (%s, %s, %s)", [old, user.pk, timezone.now()]

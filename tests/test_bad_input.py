@@ -86,6 +86,7 @@ def test_a_cluster_id_with_a_trailing_newline_is_refused(db, operator_api):
     assert not Cluster.objects.exists()
 
 
+<<<<<<< HEAD
 # Each input a user found answering 500 (or passing when it should not): a 400 naming the
 # field, and nothing made.
 @pytest.fixture
@@ -203,3 +204,35 @@ def json_text(value) -> str:
     import json
 
     return json.dumps(value)
+=======
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/models/m%00",  # a lookup by name
+        "/api/v1/models?q=a%00b",  # a search
+        "/api/v1/clusters?state=RUNNING&x%00=1",  # a parameter's name
+    ],
+)
+def test_a_nul_in_an_api_url_is_a_400(db, user_api, url):
+    response = user_api.get(url)
+    assert response.status_code == 400 and error(response)["code"] == "INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize("url", ["/models/?q=a%00b", "/clusters/?q=%00", "/clusters/x%00/"])
+def test_a_nul_in_a_page_url_is_a_400(db, client, user, url):
+    client.force_login(user)
+    response = client.get(url)
+    assert response.status_code == 400 and b"NUL" in response.content
+
+
+def test_a_token_name_with_a_nul_or_control_character_is_refused(db, user_api, user, client):
+    from mtc.models import ApiToken
+
+    for name in ["a\x00b", "line\nbreak"]:
+        response = user_api.post("/api/v1/tokens", {"name": name}, format="json")
+        assert response.status_code == 400 and "name" in error(response)["fields"]
+    client.force_login(user)
+    page = client.post("/profile/tokens/", {"action": "create", "name": "a\x00b"})
+    assert page.status_code == 400
+    assert not ApiToken.objects.filter(user=user).exists()
+>>>>>>> pg

@@ -79,6 +79,18 @@ def test_jobs_that_leave_unseen_become_unknown(cluster):
     assert Job.objects.get(job_id="2").state == "COMPLETED"  # ended: nothing to guess
 
 
+def test_a_name_or_node_list_longer_than_its_column_is_cut_to_fit(cluster):
+    # sbatch -J on the login node takes up to 1024 characters; the column holds 200.
+    name, nodes = "n" * 1024, ",".join(f"sy-gpu-{i}" for i in range(0, 400, 2))
+    queue = [qjob("8", "RUNNING", name=name, node_list=nodes, reason="r" * 300)]
+    assert jobs_sync(cluster=cluster, queue=queue)["created"] == 1
+    job = Job.objects.get(job_id="8")
+    assert (job.name, job.node_list, job.reason) == (name[:200], nodes[:500], "r" * 200)
+    assert job.events.get().reason == "r" * 200
+    # The next poll sees the same text: nothing changed.
+    assert jobs_sync(cluster=cluster, queue=queue) == {"created": 0, "updated": 0, "gone": 0}
+
+
 def test_requeues_counted(cluster):
     jobs_sync(cluster=cluster, queue=[qjob("7", "RUNNING")])
     jobs_sync(cluster=cluster, queue=[qjob("7", "PENDING", reason="BeginTime", restart_count=1)])

@@ -82,3 +82,30 @@ def test_a_diverged_loss_is_stored_as_null(tmp_path, user):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": NaN, "grad_norm": Infinity}\n')
     assert job_metrics_ingest(job) == 1
     assert JobMetric.objects.get(job=job).values == {"loss": None, "grad_norm": None}
+
+
+def test_a_line_with_a_nul_is_skipped_and_the_rest_stored(tmp_path, user):
+    cluster = Cluster.objects.create(cluster_id="zx", spec=make_spec("zx"), state="RUNNING")
+    job = Job.objects.create(
+        cluster=cluster,
+        job_id="7",
+        job_number=7,
+        name="r",
+        owner=user,
+        recipe="llama-pretrain",
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+    )
+    # The run writes its own file: PostgreSQL's JSON would refuse the NUL of step 2.
+    write(
+        tmp_path / "metrics.jsonl",
+        {"step": 1, "loss": 4.0},
+        {"step": 2, "loss": 3.9, "note": "a\x00b"},
+        {"step": 3, "loss\x00": 3.8},
+        {"step": 4, "loss": 3.7},
+    )
+    assert job_metrics_ingest(job) == 2
+    assert list(
+        JobMetric.objects.filter(job=job).order_by("step").values_list("step", flat=True)
+    ) == [1, 4]
+    job.refresh_from_db()
+    assert job.metrics["step"] == 4 and job.metrics["last_loss"] == 3.7

@@ -226,6 +226,14 @@ def test_intake_copies_a_clean_export(tmp_path, finished_run):
     assert taken.left_out == [] and taken.bytes > 0
 
 
+def test_the_status_line_drops_the_nul_characters_an_export_wrote():
+    # The owner's process writes mtc_export.json; the line is stored (PostgreSQL: no NUL).
+    info = {"architecture": "Llama\x00ForCausalLM", "dtype": "bf\x0016", "parameters": 10}
+    info["step"] = 3
+    taken = intake.Taken(bytes=2_000_000, info=info)
+    assert taken.message() == "Exported LlamaForCausalLM (10 parameters, bf16, 2.0 MB) from step 3."
+
+
 # --- register_as at registration time ---------------------------------------------------------
 def test_register_as_is_checked_when_the_job_registers(
     cluster,

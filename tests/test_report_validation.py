@@ -186,6 +186,19 @@ CASES = {
         lambda r: _set(("checks", 6, "details", "algorithm"))(r, "a" * 5000),
         "checks[6].details.algorithm",
     ),
+    # NUL characters (PostgreSQL stores none in text or JSON)
+    "NUL in a details string": (
+        lambda r: _set(("checks", 6, "details", "algorithm"))(r, "a\x00b"),
+        "checks[6].details.algorithm",
+    ),
+    "NUL in a details key": (
+        lambda r: _set(("checks", 3, "details", "k\x00"))(r, 1),
+        "checks[3].details.k\x00",
+    ),
+    "NUL in a finding message": (
+        lambda r: _with_finding(r, message="m\x00"),
+        "checks[0].findings[0].message",
+    ),
     # time too far from now
     "an hour old": (lambda r: r.update(time=r["time"] - 3600), "time"),
     "an hour ahead": (lambda r: r.update(time=r["time"] + 3600), "time"),

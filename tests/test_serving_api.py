@@ -3,6 +3,7 @@ in-process replica (least outstanding, failover, 503), the figures, and the page
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -162,6 +163,32 @@ def test_routing_failover_figures_and_503(
     assert response.status_code == 503
     assert "no healthy replica" in response.json()["error"]["message"]
     assert "2 starting" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "state, address",
+    [
+        ({"host": "10.0.0.7", "port": 8001}, ("10.0.0.7", 8001)),
+        ({"host": "sa-gpu-0", "port": "8001"}, ("sa-gpu-0", 8001)),
+        ({"host": "h" * 256, "port": 8001}, None),  # longer than Replica.host
+        ({"host": "a\x00b", "port": 8001}, None),  # PostgreSQL stores no NUL
+        ({"host": "10.0.0.7", "port": 2**40}, None),  # past the integer column
+        ({"host": "10.0.0.7"}, None),
+        ({"host": "10.0.0.7", "port": "x"}, None),
+        ({"host": "10.0.0.7", "port": 8001, "job_id": "other"}, None),  # an earlier run's
+    ],
+)
+def test_a_replica_address_is_taken_only_when_a_socket_could_take_it(
+    cluster, version, user, tmp_path, state, address
+):
+    from jobs.models import Job
+    from serving.reconcile import replica_address
+
+    job = Job.objects.create(cluster=cluster, job_id="41", job_number=41, name="replica")
+    (tmp_path / "replica.json").write_text(json.dumps({"job_id": "41", **state}))
+    endpoint = endpoint_make(version, cluster, user)
+    replica = Replica.objects.create(endpoint=endpoint, number=1, job=job, run_dir=str(tmp_path))
+    assert replica_address(replica) == address
 
 
 def test_autoscale_policy():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
@@ -63,13 +64,16 @@ def api_key(user) -> str:
 
 
 @pytest.fixture
-def client(live_server, endpoint, api_key) -> openai.OpenAI:
-    return openai.OpenAI(
+def client(live_server, endpoint, api_key) -> Iterator[openai.OpenAI]:
+    # Closed after the test: a kept-alive connection holds a live-server thread, and
+    # with it that thread's database connection, past the test.
+    with openai.OpenAI(
         base_url=f"{live_server.url}/api/v1/endpoints/{endpoint.pk}",
         api_key=api_key,
         max_retries=0,
         timeout=60,
-    )
+    ) as client:
+        yield client
 
 
 @pytest.fixture
@@ -143,7 +147,7 @@ def test_bearer_and_token_auth(live_server, endpoint, api_key):
         api_key="not-a-key",
         max_retries=0,
     )
-    with pytest.raises(openai.AuthenticationError) as caught:
+    with bad, pytest.raises(openai.AuthenticationError) as caught:
         bad.models.list()
     assert caught.value.status_code == 401
 

@@ -6,14 +6,13 @@ import time
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
 
 from clusters import services
 from clusters.models import Cluster, Node, Operation
 from clusters.providers import get_provider
 from mtc.devstack import Stack
 
-from .conftest import cluster_processes, make_spec, sinfo_json
+from .conftest import cluster_processes, database_url, make_spec, sinfo_json
 from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -36,7 +35,7 @@ def test_killed_worker_mid_create_is_finished_by_the_next(transactional_db, sett
     settings.CELERY_TASK_ALWAYS_EAGER = False
     env = {
         "REDIS_URL": django_settings.REDIS_URL,
-        "DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}",
+        "DATABASE_URL": database_url(),
         "MTC_DATA_DIR": str(django_settings.DATA_DIR),
     }
     slow = Stack(django_settings.DATA_DIR, env={**env, "MTC_OPERATION_STEP_DELAY": "1.5"})
@@ -91,7 +90,7 @@ def test_a_hung_squeue_delays_no_create_or_delete(transactional_db, settings, tm
     (standin / "squeue").chmod(0o755)
     env = {
         "REDIS_URL": django_settings.REDIS_URL,
-        "DATABASE_URL": f"sqlite:///{connection.settings_dict['NAME']}",
+        "DATABASE_URL": database_url(),
         "MTC_DATA_DIR": str(django_settings.DATA_DIR),
     }
     hung_path = f"{standin}:{os.environ['PATH']}"
