@@ -86,7 +86,6 @@ def test_a_cluster_id_with_a_trailing_newline_is_refused(db, operator_api):
     assert not Cluster.objects.exists()
 
 
-<<<<<<< HEAD
 # Each input a user found answering 500 (or passing when it should not): a 400 naming the
 # field, and nothing made.
 @pytest.fixture
@@ -204,7 +203,8 @@ def json_text(value) -> str:
     import json
 
     return json.dumps(value)
-=======
+
+
 @pytest.mark.parametrize(
     "url",
     [
@@ -235,4 +235,3 @@ def test_a_token_name_with_a_nul_or_control_character_is_refused(db, user_api, u
     page = client.post("/profile/tokens/", {"action": "create", "name": "a\x00b"})
     assert page.status_code == 400
     assert not ApiToken.objects.filter(user=user).exists()
->>>>>>> pg
