@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES, JobState
 from mtc.db import bulk_insert
+from slurm.hostlist import expand_hostlist
 
 from . import conf, traffic
 from .autoscale import autoscale_decide, autoscale_target
@@ -80,7 +81,21 @@ def replica_address(replica: Replica) -> tuple[str, int] | None:
     # NUL would fail the row's update on PostgreSQL at every reconcile).
     if not HOST_RE.fullmatch(host) or not 0 < port < 65536:
         return None
+    if not host_is_the_jobs_node(replica, host):
+        return None  # mtc would call, with the endpoint's token, wherever a job pointed it
     return host, port
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+def host_is_the_jobs_node(replica: Replica, host: str) -> bool:
+    """The replica's own node: loopback on a local cluster, else the node Slurm ran it on
+    (by name or a fully qualified name under it), never another host of the network."""
+    if replica.endpoint.cluster.provider == "local":
+        return host in LOOPBACK_HOSTS
+    nodes = expand_hostlist(replica.job.node_list)
+    return any(host == node or host.startswith(node + ".") for node in nodes)
 
 
 def replica_health(endpoint: Endpoint, replica: Replica) -> tuple[bool, str, dict]:

@@ -166,29 +166,39 @@ def test_routing_failover_figures_and_503(
 
 
 @pytest.mark.parametrize(
-    "state, address",
+    "provider, state, address",
     [
-        ({"host": "10.0.0.7", "port": 8001}, ("10.0.0.7", 8001)),
-        ({"host": "sa-gpu-0", "port": "8001"}, ("sa-gpu-0", 8001)),
-        ({"host": "h" * 256, "port": 8001}, None),  # longer than Replica.host
-        ({"host": "a\x00b", "port": 8001}, None),  # PostgreSQL stores no NUL
-        ({"host": "10.0.0.7", "port": 2**40}, None),  # past the integer column
-        ({"host": "10.0.0.7"}, None),
-        ({"host": "10.0.0.7", "port": "x"}, None),
-        ({"host": "10.0.0.7", "port": 8001, "job_id": "other"}, None),  # an earlier run's
+        ("local", {"host": "127.0.0.1", "port": 8001}, ("127.0.0.1", 8001)),
+        ("gce", {"host": "sa-gpu-0", "port": "8001"}, ("sa-gpu-0", 8001)),
+        ("gce", {"host": "sa-gpu-0.c.p.internal", "port": 8001}, ("sa-gpu-0.c.p.internal", 8001)),
+        ("gce", {"host": "h" * 256, "port": 8001}, None),  # longer than Replica.host
+        ("gce", {"host": "a\x00b", "port": 8001}, None),  # PostgreSQL stores no NUL
+        ("gce", {"host": "sa-gpu-0", "port": 2**40}, None),  # past the integer column
+        ("gce", {"host": "sa-gpu-0"}, None),
+        ("gce", {"host": "sa-gpu-0", "port": "x"}, None),
+        ("gce", {"host": "sa-gpu-0", "port": 8001, "job_id": "other"}, None),  # an earlier run's
+        # Anywhere but the replica's own node: mtc would carry the endpoint's token and a
+        # user's prompts there, and answer with what it said (the metadata server, a database).
+        ("gce", {"host": "169.254.169.254", "port": 80}, None),
+        ("gce", {"host": "sa-gpu-01", "port": 8001}, None),
+        ("gce", {"host": "sa-gpu-0evil.example", "port": 8001}, None),
+        ("local", {"host": "10.0.0.7", "port": 8001}, None),
     ],
 )
-def test_a_replica_address_is_taken_only_when_a_socket_could_take_it(
-    cluster, version, user, tmp_path, state, address
+def test_a_replica_address_is_taken_only_on_the_replicas_node(
+    cluster, version, user, tmp_path, provider, state, address
 ):
     from jobs.models import Job
     from serving.reconcile import replica_address
 
-    job = Job.objects.create(cluster=cluster, job_id="41", job_number=41, name="replica")
+    Cluster.objects.filter(pk=cluster.pk).update(provider=provider)
+    job = Job.objects.create(
+        cluster=cluster, job_id="41", job_number=41, name="replica", node_list="sa-gpu-0"
+    )
     (tmp_path / "replica.json").write_text(json.dumps({"job_id": "41", **state}))
     endpoint = endpoint_make(version, cluster, user)
     replica = Replica.objects.create(endpoint=endpoint, number=1, job=job, run_dir=str(tmp_path))
-    assert replica_address(replica) == address
+    assert replica_address(Replica.objects.get(pk=replica.pk)) == address
 
 
 def test_autoscale_policy():
