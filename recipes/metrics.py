@@ -34,6 +34,23 @@ def _holds_nul(value) -> bool:
     return False
 
 
+STEP_MAX = 2**31 - 1  # JobMetric.step's column
+
+
+def _step(value) -> int | None:
+    """A step the run wrote, or None: the run writes this file, and one line that raises
+    would stop every later line of the job from being read."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, int) and 0 <= value <= STEP_MAX:
+        return value
+    return None
+
+
 def job_metrics_ingest(job: Job) -> int:
     """Store the lines written since the last call; return how many steps were added."""
     path = job.metrics_path
@@ -67,11 +84,14 @@ def job_metrics_ingest(job: Job) -> int:
         if event:
             step = entry.get("step")
             if event == "resumed":
-                redo_from = int(entry.get("from_step", step or 0))
+                redo_from = _step(entry.get("from_step", step or 0))
+                if redo_from is None:
+                    log.warning("job %s: skipping a resume line without a step", job)
+                    continue
                 points = [p for p in points if p.step <= redo_from]
                 summary["resumed_from_step"] = redo_from
-            if event == "checkpoint" and step is not None:
-                summary["last_checkpoint_step"] = step
+            if event == "checkpoint" and _step(step) is not None:
+                summary["last_checkpoint_step"] = _step(step)
             if event == "start":
                 summary.pop("done", None)
             if event == "done":
@@ -91,9 +111,9 @@ def job_metrics_ingest(job: Job) -> int:
                     )
                 )
             continue
-        if "step" not in entry:
+        step = _step(entry.get("step"))
+        if step is None:  # no step, or one no column holds: the line alone is skipped
             continue
-        step = int(entry["step"])
         values = {k: v for k, v in entry.items() if k not in ("step", "time")}
         points.append(JobMetric(job=job, step=step, time=_time(entry.get("time")), values=values))
         summary["step"] = step

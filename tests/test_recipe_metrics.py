@@ -109,3 +109,38 @@ def test_a_line_with_a_nul_is_skipped_and_the_rest_stored(tmp_path, user):
     ) == [1, 4]
     job.refresh_from_db()
     assert job.metrics["step"] == 4 and job.metrics["last_loss"] == 3.7
+
+
+def test_a_line_with_a_step_no_column_holds_is_skipped_and_the_rest_stored(tmp_path, user):
+    cluster = Cluster.objects.create(cluster_id="sx", spec=make_spec("sx"), state="RUNNING")
+    job = Job.objects.create(
+        cluster=cluster,
+        job_id="8",
+        job_number=8,
+        name="r",
+        owner=user,
+        recipe="llama-pretrain",
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+    )
+    # Each would raise in int() or overflow the column, and stop the job's later lines.
+    write(
+        tmp_path / "metrics.jsonl",
+        {"step": 1, "loss": 4.0},
+        {"step": "x", "loss": 3.9},
+        {"step": 10**30, "loss": 3.9},
+        {"step": -1, "loss": 3.9},
+        {"step": True, "loss": 3.9},
+        {"step": [2], "loss": 3.9},
+        {"event": "resumed", "from_step": "²"},
+        {"event": "checkpoint", "step": "x"},
+        {"step": 2.0, "loss": 3.8},
+        {"step": "3", "loss": 3.7},
+    )
+    with open(tmp_path / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": Infinity, "loss": 1}\n')
+    assert job_metrics_ingest(job) == 3
+    assert list(
+        JobMetric.objects.filter(job=job).order_by("step").values_list("step", flat=True)
+    ) == [1, 2, 3]
+    job.refresh_from_db()
+    assert job.metrics["step"] == 3 and "last_checkpoint_step" not in job.metrics
