@@ -268,12 +268,28 @@ def _check_pool(c: _Checker, pool: Any, path: str, provider: str) -> str | None:
     )
     _check_machine_spec(c, pool.get("machine_spec"), f"{path}.machine_spec", provider)
     _check_scaling(c, pool.get("scaling_spec"), f"{path}.scaling_spec", provider)
-    c.string(
+    model = c.string(
         pool.get("provisioning_model"),
         f"{path}.provisioning_model",
         required=False,
         choices=PROVISIONING_MODELS,
     )
+    machine = pool.get("machine_spec") if isinstance(pool.get("machine_spec"), dict) else {}
+    affinity = machine.get("reservation_affinity")
+    if (
+        provider == "gce"
+        and model == "RESERVATION"
+        and not (
+            isinstance(affinity, dict)
+            and affinity.get("reservation_affinity_type") == "SPECIFIC_RESERVATION"
+        )
+        and f"{path}.machine_spec.reservation_affinity" not in c.errors
+    ):
+        # Reservation-bound VMs (A3 Ultra, A4 capacity) consume one named reservation.
+        c.fail(
+            f"{path}.machine_spec.reservation_affinity",
+            "provisioning_model RESERVATION needs a SPECIFIC_RESERVATION naming the reservation.",
+        )
     disk = c.obj(pool.get("boot_disk"), f"{path}.boot_disk", required=False)
     if disk is not None:
         c.unknown(disk, {"boot_disk_type", "boot_disk_size_gb"}, f"{path}.boot_disk")

@@ -4,7 +4,9 @@ The real google-cloud-compute clients (REST transport, anonymous credentials) ar
 pointed here. It keeps resources in memory, answers inserts and deletes with
 Operations that go PENDING -> RUNNING -> DONE as they are polled, reports guest
 attributes the way a node's startup script would, and fails on demand (a stockout
-on bulkInsert, a 503 once)."""
+on bulkInsert, a 503 once). It holds reservations as Compute Engine does: a VM that
+names one must fit it (machine type, room left), a reservation-bound VM must name one,
+and such a VM takes no placement policy of its own."""
 
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ class FakeCompute:
     stockout: bool = False  # bulkInsert ends with ZONE_RESOURCE_POOL_EXHAUSTED
     fail_once: list[tuple[str, str, int]] = field(default_factory=list)  # method, path, status
     never_ready: set[str] = field(default_factory=set)  # instances whose script hangs
+    # name -> {"machineType", "count", "inUseCount", "specificReservationRequired"}
+    reservations: dict[str, dict] = field(default_factory=dict)
     ids: itertools.count = field(default_factory=lambda: itertools.count(1000))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -116,7 +120,16 @@ class FakeCompute:
             "machineType": props.get("machineType", ""),
             "sourceInstanceTemplate": (template or {}).get("name", ""),
             "networkInterfaces": [{"networkIP": f"10.128.0.{len(self.resources) % 250 + 2}"}],
+            "reservationAffinity": dict(props.get("reservationAffinity", {})),
         }
+
+    def _release(self, kind: str, name: str) -> None:
+        """A deleted VM gives its place in its reservation back."""
+        gone = self.resources.pop((kind, name), None)
+        values = ((gone or {}).get("reservationAffinity") or {}).get("values") or [""]
+        reservation = self.reservations.get(values[0].rsplit("/", 1)[-1])
+        if kind == "instances" and reservation:
+            reservation["inUseCount"] = max(0, reservation["inUseCount"] - 1)
 
     def handle(self, method: str, raw_path: str, body: dict | None) -> tuple[int, dict]:
         url = urlparse(raw_path)
@@ -164,7 +177,7 @@ class FakeCompute:
                     name,
                     "delete",
                     scope,
-                    on_done=lambda: self.resources.pop((kind, name), None),
+                    on_done=lambda: self._release(kind, name),
                 )
             if method == "POST" and len(parts) == 3 and parts[2] == "reset":
                 if (kind, name) not in self.resources:
@@ -178,6 +191,9 @@ class FakeCompute:
             return 409, _error(409, "alreadyExists", f"The resource '{kind}/{name}' already exists")
         if kind == "instances":
             template = self._template(query.get("sourceInstanceTemplate", ""))
+            refused = self._reservation_refusal((template or {}).get("properties", {}), 1)
+            if refused:
+                return refused
             resource = self._new_instance(name, template)
             self.resources[(kind, name)] = resource
             return 200, self._operation(
@@ -213,6 +229,9 @@ class FakeCompute:
         if taken:
             return 409, _error(409, "alreadyExists", f"instances exist: {', '.join(taken)}")
         template = self._template(body.get("sourceInstanceTemplate", ""))
+        refused = self._reservation_refusal((template or {}).get("properties", {}), len(wanted))
+        if refused:
+            return refused
         made = [self._new_instance(n, template) for n in wanted]
         for inst in made:
             self.resources[("instances", inst["name"])] = inst
@@ -222,6 +241,63 @@ class FakeCompute:
                 inst["status"] = "RUNNING"
 
         return 200, self._operation("instances", "bulkInsert", "bulkInsert", scope, on_done=running)
+
+    def _reservation_refusal(self, props: dict, count: int) -> tuple[int, dict] | None:
+        """What Compute Engine answers a VM its reservation cannot take (None: it fits)."""
+        scheduling = props.get("scheduling", {})
+        affinity = props.get("reservationAffinity", {})
+        bound = scheduling.get("provisioningModel") == "RESERVATION_BOUND"
+        specific = affinity.get("consumeReservationType") == "SPECIFIC_RESERVATION"
+        if bound and not specific:
+            return 400, _error(
+                400,
+                "invalid",
+                "Invalid value for field 'resource.scheduling.provisioningModel': "
+                "'RESERVATION_BOUND'. Reservation-bound VMs must use ReservationAffinity of "
+                "SPECIFIC_RESERVATION.",
+            )
+        if bound and props.get("resourcePolicies"):
+            return 400, _error(
+                400,
+                "invalid",
+                "Invalid value for field 'resource.resourcePolicies': a reservation-bound VM "
+                "is placed by its reservation and takes no placement policy.",
+            )
+        if bound and "instanceTerminationAction" not in scheduling:
+            return 400, _error(
+                400,
+                "invalid",
+                "Required field 'resource.scheduling.instanceTerminationAction' not specified "
+                "for a reservation-bound VM.",
+            )
+        if not specific:
+            return None
+        name = (affinity.get("values") or [""])[0].rsplit("/", 1)[-1]
+        reservation = self.reservations.get(name)
+        if reservation is None:
+            return 400, _error(
+                400,
+                "invalid",
+                f"Could not find the given reservation with the following name: {name}",
+            )
+        if reservation["machineType"] != props.get("machineType"):
+            return 400, _error(
+                400,
+                "invalid",
+                f"Specified reservation '{name}' does not match the reservation's machine type "
+                f"{reservation['machineType']}.",
+            )
+        left = reservation["count"] - reservation["inUseCount"]
+        if count > left:
+            return 429, _error(
+                429,
+                "rateLimitExceeded",
+                f"Reservation does not have enough resources for the request: specific "
+                f"reservation '{name}' is insufficient: required {count} and short of "
+                f"{count - left} VM count.",
+            )
+        reservation["inUseCount"] += count
+        return None
 
     def _list(self, kind: str, query: dict) -> dict:
         items = [r for (k, _), r in sorted(self.resources.items()) if k == kind]

@@ -34,8 +34,8 @@ def test_cli_plan_of_a3_ultra_shows_the_requests(tmp_path, capsys, settings):
     plan = json.loads(_plan_text(tmp_path, capsys, "--json"))
     requests = {r["method"]: r for r in plan["requests"]}
     assert requests["compute.networks.insert"]["body"]["mtu"] == 8896
-    policy = requests["compute.resourcePolicies.insert"]["body"]
-    assert policy["groupPlacementPolicy"] == {"collocation": "COLLOCATED"}
+    # The reservation places its VMs: no placement policy of mtc's beside it.
+    assert "compute.resourcePolicies.insert" not in requests
     templates = [r["body"] for r in plan["requests"] if r["method"].endswith("Templates.insert")]
     gpu = next(t["properties"] for t in templates if t["name"] == "a3u-pretrain-a3u")
     assert gpu["machineType"] == "a3-ultragpu-8g"
@@ -47,6 +47,9 @@ def test_cli_plan_of_a3_ultra_shows_the_requests(tmp_path, capsys, settings):
         "key": "compute.googleapis.com/reservation-name",
         "values": ["a3u-reservation"],
     }
+    assert gpu["scheduling"]["provisioningModel"] == "RESERVATION_BOUND"
+    assert gpu["scheduling"]["instanceTerminationAction"] == "DELETE"
+    assert "resourcePolicies" not in gpu
     bulk = requests["compute.instances.bulkInsert"]
     assert bulk["body"]["count"] == "16" and len(bulk["body"]["perInstanceProperties"]) == 16
     assert bulk["http"] == (
@@ -56,7 +59,7 @@ def test_cli_plan_of_a3_ultra_shows_the_requests(tmp_path, capsys, settings):
     assert "generated at create, not shown" in json.dumps(plan)
 
     text = _plan_text(tmp_path, capsys)
-    assert "10 Compute Engine requests for cluster a3u-pretrain" in text
+    assert "9 Compute Engine requests for cluster a3u-pretrain" in text
     assert "--- metadata startup-script:" in text and "mount_once 10.0.0.2:/home /home" in text
     assert "SlurmctldParameters=enable_configless" in text
 
@@ -147,3 +150,44 @@ def test_a_spec_without_provider_gets_the_installations(settings):
     del spec["provider"]
     settings.MTC_PROVIDER = "gce"
     assert validate_cluster_spec(spec)["provider"] == "gce"
+
+
+def test_reservation_errors_have_their_own_codes():
+    missing = from_http(
+        _api_error(
+            gexc.BadRequest,
+            "invalid",
+            "Could not find the given reservation with the following name: a3u-reservation",
+        ),
+        where="instances.bulkInsert",
+    )
+    assert missing.code == "RESERVATION_MISMATCH" and missing.permanent
+    # A full reservation answers 429: no retry mends it.
+    full = from_http(
+        _api_error(
+            gexc.TooManyRequests,
+            "rateLimitExceeded",
+            "Reservation does not have enough resources for the request: specific "
+            "reservation 'a3u-reservation' is insufficient: required 4 and short of 2 VM count.",
+        ),
+        where="instances.bulkInsert",
+    )
+    assert full.code == "RESERVATION_EXHAUSTED" and full.permanent
+    from clusters.providers.gce.errors import error_for
+
+    in_operation = error_for(
+        "CONDITION_NOT_MET",
+        "Specified reservation 'r' does not match the reservation's machine type a3-megagpu-8g.",
+        where="bulkInsert",
+    )
+    assert in_operation.code == "RESERVATION_MISMATCH"
+    assert error_for("ZONE_RESOURCE_POOL_EXHAUSTED", "no room", where="x").code == "STOCKOUT"
+
+
+def test_a_gpu_pool_not_from_a_reservation_keeps_its_compact_placement():
+    from clusters.providers.gce.plan import needs_placement_policy
+
+    pool = {"machine_spec": {"accelerator_count": 8}, "provisioning_model": "SPOT"}
+    assert needs_placement_policy(pool)
+    assert not needs_placement_policy({**pool, "provisioning_model": "RESERVATION"})
+    assert not needs_placement_policy({"machine_spec": {}, "provisioning_model": "STANDARD"})

@@ -21,6 +21,13 @@ CID = "a3u-pretrain"
 @pytest.fixture
 def compute(transactional_db, settings, monkeypatch):
     fake = FakeCompute()
+    # The reference A3 Ultra architecture consumes this reservation by name.
+    fake.reservations["a3u-reservation"] = {
+        "machineType": "a3-ultragpu-8g",
+        "count": 16,
+        "inUseCount": 0,
+        "specificReservationRequired": True,
+    }
     with FakeServer(fake) as server:
         settings.CELERY_TASK_ALWAYS_EAGER = True
         settings.MTC_GCE_API_ENDPOINT = server.url
@@ -67,7 +74,6 @@ def test_create_sends_network_placement_templates_and_bulk_insert(compute, opera
         "POST addresses",
         "POST firewalls",
         "POST firewalls",
-        "POST resourcePolicies",
         "POST instanceTemplates",
         "POST instanceTemplates",
         "POST instances",
@@ -75,8 +81,6 @@ def test_create_sends_network_placement_templates_and_bulk_insert(compute, opera
     ]
     (network,) = bodies(compute, "POST networks")
     assert network["mtu"] == 8896 and network["autoCreateSubnetworks"] is False
-    (policy,) = bodies(compute, "POST resourcePolicies")
-    assert policy["groupPlacementPolicy"]["collocation"] == "COLLOCATED"
     templates = {t["name"]: t["properties"] for t in bodies(compute, "POST instanceTemplates")}
     gpu = templates[f"{CID}-a3u"]
     assert gpu["machineType"] == "a3-ultragpu-8g"
@@ -87,7 +91,11 @@ def test_create_sends_network_placement_templates_and_bulk_insert(compute, opera
     assert gpu["reservationAffinity"]["values"] == ["a3u-reservation"]
     assert gpu["scheduling"]["onHostMaintenance"] == "TERMINATE"
     assert gpu["networkInterfaces"][0]["nicType"] == "GVNIC"
-    assert gpu["resourcePolicies"] == [f"{CID}-a3u-compact"]
+    # Reservation-bound: placed by the reservation, ended with it.
+    assert gpu["scheduling"]["provisioningModel"] == "RESERVATION_BOUND"
+    assert gpu["scheduling"]["instanceTerminationAction"] == "DELETE"
+    assert "resourcePolicies" not in gpu
+    assert compute.reservations["a3u-reservation"]["inUseCount"] == 4
     assert gpu["labels"]["mtc-cluster"] == CID
     metadata = {item["key"]: item["value"] for item in gpu["metadata"]["items"]}
     assert "mount -t" in metadata["startup-script"] or "mount_once" in metadata["startup-script"]
@@ -259,3 +267,39 @@ def test_nodes_that_never_report_ready_time_out_with_their_names(compute, operat
     op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(2), format="json"))
     assert op["state"] == "FAILED" and op["error"]["code"] == "TIMEOUT"
     assert f"{CID}-a3u-1" in op["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "reservation, code",
+    [
+        (None, "RESERVATION_MISMATCH"),  # not in the project
+        ({"machineType": "a3-megagpu-8g", "count": 16}, "RESERVATION_MISMATCH"),
+        ({"machineType": "a3-ultragpu-8g", "count": 2}, "RESERVATION_EXHAUSTED"),
+    ],
+)
+def test_a_reservation_that_cannot_take_the_pool_fails_with_its_own_code(
+    compute, operator_api, reservation, code
+):
+    del compute.reservations["a3u-reservation"]
+    if reservation:
+        compute.reservations["a3u-reservation"] = {
+            **reservation,
+            "inUseCount": 0,
+            "specificReservationRequired": True,
+        }
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(), format="json"))
+    assert op["state"] == "FAILED" and op["error"]["code"] == code, op
+    assert "reservation" in op["error"]["message"]
+    assert operator_api.get(f"/api/v1/clusters/{CID}").json()["state"] == "ERROR"
+    # Retried bulkInserts are not how a full reservation is met: one try, one answer.
+    assert compute.calls("POST").count("POST instances/bulkInsert") == 1
+
+
+def test_a_reservation_pool_must_name_its_reservation(db, operator_api):
+    spec = a3u_spec()
+    pool = next(p for p in spec["node_pools"] if p["id"] == "a3u")
+    del pool["machine_spec"]["reservation_affinity"]
+    response = operator_api.post("/api/v1/clusters", spec, format="json")
+    assert response.status_code == 400
+    assert "node_pools[1].machine_spec.reservation_affinity" in response.json()["error"]["fields"]
+    assert not Cluster.objects.exists()

@@ -44,8 +44,54 @@ class Transient(Exception):
     """Worth another try after a pause."""
 
 
+# Compute Engine answers a reservation that cannot be used with generic codes
+# (INVALID, CONDITION_NOT_MET, RESOURCE_NOT_FOUND, 429): the message tells which case.
+RESERVATION_MISMATCH_TEXT = (
+    "could not find the given reservation",
+    "specified reservation",
+    "must use reservationaffinity",
+    "reservation must exist in the same project",
+    "incompatible aggregatereservation",
+    "requires reservation to be in ready state",
+    "does not match the reservation",
+    "specificreservationrequired",
+)
+RESERVATION_FULL_TEXT = (
+    "reservation does not have enough resources",
+    "insufficient capacity in the reservation",
+    "reservation is insufficient",
+    "is insufficient for",
+)
+
+
+def reservation_error(code: str, message: str, *, where: str) -> ProviderError | None:
+    text = message.lower()
+    if "reservation" not in text:
+        return None
+    if any(part in text for part in RESERVATION_FULL_TEXT):
+        return ProviderError(
+            f"{where}: the reservation has no room left for these nodes ({code}: {message}). "
+            "Free VMs in it, ask for a larger reservation, or make the pool smaller.",
+            code="RESERVATION_EXHAUSTED",
+            permanent=True,
+        )
+    if any(part in text for part in RESERVATION_MISMATCH_TEXT):
+        return ProviderError(
+            f"{where}: the reservation cannot be used for this pool ({code}: {message}). "
+            "Check its name, zone, project and state, and that its machine type, GPUs and "
+            "disks are the pool's (a reservation consumed by name needs "
+            "specificReservationRequired).",
+            code="RESERVATION_MISMATCH",
+            permanent=True,
+        )
+    return None
+
+
 def error_for(code: str, message: str, *, where: str) -> ProviderError:
     """A ProviderError for one Compute Engine error code (from an Operation or HTTP)."""
+    reservation = reservation_error(code, message, where=where)
+    if reservation is not None:
+        return reservation
     if code in STOCKOUT_CODES:
         return ProviderError(
             f"{where}: Compute Engine has no capacity for this machine type in the zone "
@@ -80,6 +126,14 @@ def _first_reason(exc: gexc.GoogleAPICallError) -> tuple[str, str]:
 
 def from_http(exc: Exception, *, where: str) -> Exception:
     """Classify an exception raised by a client call: Transient or ProviderError."""
+    if isinstance(exc, gexc.GoogleAPICallError):
+        # Before the status: a full reservation answers 429, which no retry will mend.
+        reason, detail = _first_reason(exc)
+        found = reservation_error(
+            reason or type(exc).__name__, exc.message or detail or "", where=where
+        )
+        if found is not None:
+            return found
     if isinstance(exc, TRANSIENT_HTTP) or isinstance(exc, (ConnectionError, TimeoutError)):
         return Transient(f"{where}: {exc}")
     if not isinstance(exc, gexc.GoogleAPICallError):

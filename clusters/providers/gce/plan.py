@@ -213,7 +213,7 @@ def placement_requests(spec: dict, target: Target) -> list[ApiRequest]:
     """A compact placement policy per GPU pool: its nodes land close on the network."""
     out = []
     for pool in compute_pools(spec):
-        if not pool["machine_spec"].get("accelerator_count"):
+        if not needs_placement_policy(pool):
             continue
         name = names.placement_name(spec["cluster_id"], pool["id"])
         out.append(
@@ -233,15 +233,26 @@ def placement_requests(spec: dict, target: Target) -> list[ApiRequest]:
     return out
 
 
+def needs_placement_policy(pool: dict) -> bool:
+    """GPU pools get a compact placement policy of mtc's, except from a reservation: its
+    VMs are already placed densely by the reservation, and Compute Engine refuses a
+    second placement policy on reservation-bound VMs."""
+    return bool(pool["machine_spec"].get("accelerator_count")) and (
+        pool.get("provisioning_model", "STANDARD") != "RESERVATION"
+    )
+
+
 def _scheduling(pool: dict, gpus: bool) -> dict[str, Any]:
     model = pool.get("provisioning_model", "STANDARD")
     scheduling: dict[str, Any] = {
         # GPUs cannot live-migrate: a host maintenance event stops the VM.
         "onHostMaintenance": "TERMINATE" if gpus else "MIGRATE",
         "automaticRestart": model not in ("SPOT", "FLEX_START"),
-        "provisioningModel": "STANDARD" if model == "RESERVATION" else model,
+        # A reservation's VMs are bound to it (A3 Ultra, A4 and calendar-mode capacity):
+        # they end with the reservation, so they say what happens then.
+        "provisioningModel": "RESERVATION_BOUND" if model == "RESERVATION" else model,
     }
-    if model in ("SPOT", "FLEX_START"):
+    if model in ("SPOT", "FLEX_START", "RESERVATION"):
         scheduling["instanceTerminationAction"] = "DELETE"
     if model == "FLEX_START":
         scheduling["maxRunDuration"] = {"seconds": str(7 * 24 * 3600)}
@@ -345,7 +356,7 @@ def template_request(
                 "acceleratorCount": gpus,
             }
         ]
-        if role != "controller":
+        if role != "controller" and needs_placement_policy(pool):
             properties["resourcePolicies"] = [names.placement_name(cluster_id, pool["id"])]
     affinity = _reservation_affinity(pool)
     if affinity:
