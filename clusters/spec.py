@@ -35,6 +35,10 @@ PROVIDERS = ("local", "gce")
 PROVISIONING_MODELS = ("STANDARD", "SPOT", "RESERVATION", "FLEX_START")
 RESERVATION_AFFINITY_TYPES = ("NO_RESERVATION", "ANY_RESERVATION", "SPECIFIC_RESERVATION")
 BOOT_DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "hyperdisk-balanced")
+# Machine series that attach no Persistent Disk (Compute Engine's disk support per
+# machine series): A3 Ultra, A4 and A4X boot from Hyperdisk.
+HYPERDISK_ONLY_FAMILIES = ("a3-ultragpu-", "a4-highgpu-", "a4x-highgpu-")
+GCE_MAX_NAME = 63  # an instance name, and so the node's hostname
 LUSTRE_TIERS = (125, 250, 500, 1000)
 # Slurm settings that mtc itself owns (ports, paths, auth): a spec may not override them.
 RESERVED_SLURM_KEYS = {
@@ -251,6 +255,23 @@ def _check_machine_spec(c: _Checker, machine: Any, path: str, provider: str) -> 
                 )
 
 
+def _check_node_name_length(c: _Checker, cluster_id: str, pool: Any, path: str) -> None:
+    """Nodes are named <cluster>-<pool>-<n>, and an instance name holds 63 characters."""
+    if not isinstance(pool, dict) or not isinstance(pool.get("id"), str):
+        return
+    scaling = pool.get("scaling_spec") if isinstance(pool.get("scaling_spec"), dict) else {}
+    largest = scaling.get("max_node_count") or scaling.get("min_node_count") or 1
+    if not isinstance(largest, int) or f"{path}.id" in c.errors:
+        return
+    longest = f"{cluster_id}-{pool['id']}-{max(largest - 1, 0)}"
+    if len(longest) > GCE_MAX_NAME:
+        c.fail(
+            f"{path}.id",
+            f"Node names such as {longest} would pass Compute Engine's {GCE_MAX_NAME} "
+            "characters: shorten the pool or cluster id.",
+        )
+
+
 def _check_pool(c: _Checker, pool: Any, path: str, provider: str) -> str | None:
     pool = c.obj(pool, path)
     if pool is None:
@@ -306,6 +327,20 @@ def _check_pool(c: _Checker, pool: Any, path: str, provider: str) -> str | None:
             minimum=10,
             maximum=65536,
         )
+        machine_type = machine.get("machine_type")
+        disk_type = disk.get("boot_disk_type")
+        if (
+            provider == "gce"
+            and isinstance(machine_type, str)
+            and machine_type.startswith(HYPERDISK_ONLY_FAMILIES)
+            and isinstance(disk_type, str)
+            and disk_type.startswith("pd-")
+            and f"{path}.boot_disk.boot_disk_type" not in c.errors
+        ):
+            c.fail(
+                f"{path}.boot_disk.boot_disk_type",
+                f"{machine_type} takes Hyperdisk only: use hyperdisk-balanced.",
+            )
     return pool_id
 
 
@@ -554,6 +589,9 @@ def validate_cluster_spec(data: Any) -> dict:
         elif pool_id:
             pools[pool_id] = pool
     _check_slurm(c, spec.get("orchestrator_spec"), pools)
+    if provider == "gce" and isinstance(spec.get("cluster_id"), str):
+        for i, pool in enumerate(raw_pools):
+            _check_node_name_length(c, spec["cluster_id"], pool, f"node_pools[{i}]")
 
     if not c.errors:
         total = sum(p["scaling_spec"]["min_node_count"] for p in pools.values())

@@ -231,3 +231,31 @@ def test_patch_errors_name_paths():
         )
     assert "node_pools[0].id" in info.value.fields
     assert "node_pools[1].scaling_spec.min_node_count" in info.value.fields
+
+
+def _a3u(**pool_changes) -> dict:
+    from clusters.reference_architectures import architecture_get
+
+    data = copy.deepcopy(architecture_get("a3-ultra-pretraining").build_spec())
+    data["node_pools"][1].update(pool_changes)
+    return data
+
+
+def test_gce_rules_compute_engine_would_refuse_later():
+    validate_cluster_spec(_a3u())
+    # A3 Ultra attaches no Persistent Disk.
+    disk = {"boot_disk_type": "pd-balanced", "boot_disk_size_gb": 200}
+    assert "node_pools[1].boot_disk.boot_disk_type" in errors_of(_a3u(boot_disk=disk))
+    # A reservation-bound pool names its reservation.
+    pool = _a3u()["node_pools"][1]
+    del pool["machine_spec"]["reservation_affinity"]
+    assert "node_pools[1].machine_spec.reservation_affinity" in errors_of(
+        _a3u(machine_spec=pool["machine_spec"])
+    )
+    # <cluster>-<pool>-<n> is an instance name: 63 characters at most.
+    long_id = "p" + "o" * 30
+    data = _a3u(id=long_id)
+    data["orchestrator_spec"]["slurm_spec"]["partitions"][0]["node_pool_ids"] = [long_id]
+    data["cluster_id"] = "c" + "l" * 30
+    errors = errors_of(data)
+    assert "node_pools[1].id" in errors and "63" in errors["node_pools[1].id"]
