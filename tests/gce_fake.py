@@ -48,6 +48,11 @@ class FakeCompute:
     never_ready: set[str] = field(default_factory=set)  # instances whose script hangs
     # name -> {"machineType", "count", "inUseCount", "specificReservationRequired"}
     reservations: dict[str, dict] = field(default_factory=dict)
+    # After instances.reset: how many guest-attribute reads still see the old boot (its
+    # attributes outlive the reset), then how many see the new boot still configuring.
+    reset_old_reads: int = 3
+    reset_configuring_reads: int = 2
+    booting: dict[str, list[int]] = field(default_factory=dict)  # name -> [old, configuring]
     ids: itertools.count = field(default_factory=lambda: itertools.count(1000))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -182,7 +187,14 @@ class FakeCompute:
             if method == "POST" and len(parts) == 3 and parts[2] == "reset":
                 if (kind, name) not in self.resources:
                     return 404, _error(404, "notFound", f"{kind}/{name}")
-                return 200, self._operation(kind, name, "reset", scope)
+
+                def rebooted(name: str = name) -> None:
+                    self.resources[("instances", name)]["boot"] = (
+                        self.resources[("instances", name)].get("boot", 1) + 1
+                    )
+                    self.booting[name] = [self.reset_old_reads, self.reset_configuring_reads]
+
+                return 200, self._operation(kind, name, "reset", scope, on_done=rebooted)
         return 400, _error(400, "invalid", f"unsupported {method} {url.path}")
 
     def _insert(self, kind: str, scope: str, body: dict, query: dict) -> tuple[int, dict]:
@@ -311,9 +323,18 @@ class FakeCompute:
         if not inst or inst["status"] != "RUNNING" or name in self.never_ready:
             return 404, _error(404, "notFound", "The resource was not found")
         role = "slurmctld" if name.endswith("-controller") else "slurmd"
+        boot, state = inst.setdefault("boot", 1), "ready"
+        phases = self.booting.get(name)
+        if phases and phases[0] > 0:  # the reset VM still shows its last boot's values
+            phases[0] -= 1
+            boot -= 1
+        elif phases and phases[1] > 0:  # the new boot's script is running
+            phases[1] -= 1
+            state = "configuring"
         items = [
-            {"namespace": "mtc", "key": "state", "value": "ready"},
-            {"namespace": "mtc", "key": role, "value": "ready"},
+            {"namespace": "mtc", "key": "boot", "value": f"boot-{boot}"},
+            {"namespace": "mtc", "key": "state", "value": state},
+            {"namespace": "mtc", "key": role, "value": "ready" if state == "ready" else "booting"},
         ]
         return 200, {"queryPath": "mtc/", "queryValue": {"items": items}}
 

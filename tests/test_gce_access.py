@@ -145,7 +145,10 @@ def test_the_munge_key_is_only_ever_in_a_root_or_munge_only_file():
 def test_accounts_exist_before_slurm_starts_and_slurmd_is_not_enabled():
     scripts = _scripts(_spec())
     worker, controller = scripts[f"{CID}-a3u"], scripts[f"{CID}-login"]
-    for script, daemon in ((worker, "systemctl restart slurmd"), (controller, "slurmctld")):
+    for script, daemon in (
+        (worker, "systemctl restart slurmd"),
+        (controller, "install -d -o slurm -g slurm /var/spool/slurmctld"),
+    ):
         made = _first(script, r'ensure_account "\$name"')
         assert made > _first(script, r"^/usr/local/sbin/mtc-metadata-block$")
         assert made < _first(script, re.escape(daemon))

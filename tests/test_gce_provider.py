@@ -160,7 +160,7 @@ def test_repairs_reset_recreate_and_replace(compute, operator_api):
     compute.clear_log()
 
     provider.reboot_node(cluster, node)
-    assert compute.calls() == [f"POST instances/{node.name}/reset"]
+    assert compute.calls("POST") == [f"POST instances/{node.name}/reset"]
     compute.clear_log()
 
     before = compute.resources[("instances", node.name)]["id"]
@@ -193,6 +193,21 @@ def test_a_reboot_repair_drains_resets_and_returns_the_node(compute, operator_ap
     assert [r.call for r in compute.writes()] == [f"POST instances/{node}/reset"]
     assert compute.slurm.updates[0] == ((node,), "DRAIN")
     assert compute.slurm.updates[-1] == ((node,), "RESUME")
+    # Guest attributes outlive a reset: the node came back only once its new boot said
+    # so, not on the old boot's "ready".
+    assert compute.booting[node] == [0, 0]
+
+
+def test_a_reset_that_never_boots_again_is_a_timeout(compute, operator_api, settings):
+    operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(2), format="json"))
+    settings.MTC_GCE_READY_TIMEOUT_S = 0.3
+    compute.reset_old_reads = 10**6  # the VM never comes back from the reset
+    cluster = Cluster.objects.get(cluster_id=CID)
+    node = cluster.nodes.get(index=0)
+    from clusters.providers.base import ProviderError
+
+    with pytest.raises(ProviderError, match="did not boot again"):
+        get_provider("gce").reboot_node(cluster, node)
 
 
 def test_delete_removes_everything_create_made(compute, operator_api):

@@ -63,6 +63,9 @@ def startup_script(spec: dict, *, role: str, pool: dict | None = None) -> str:
         "ACCOUNTS_KEY": access.ACCOUNTS_KEY,
         "ACCOUNTS_PARSE": shlex.quote((SCRIPTS / "accounts_parse.py").read_text()),
         "ROLE": role,
+        # The attribute that says this node's daemon is up: reset at every boot, so a
+        # reset node does not look ready from the boot before.
+        "READY_KEY": "slurmctld" if role == "controller" else "slurmd",
         "CLUSTER": spec["cluster_id"],
         "MOUNTS": _mounts(spec.get("storage") or {}),
         "CONTROLLER": controller_name(spec["cluster_id"]),

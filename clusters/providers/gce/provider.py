@@ -199,7 +199,10 @@ class GceProvider(Provider):
             state = attrs.get("state", "")
             if state.startswith("failed"):
                 failed.append(f"{name} ({state})")
-            elif attrs.get("slurmctld" if name == controller else "slurmd") != "ready":
+            elif (
+                state != "ready"
+                or attrs.get("slurmctld" if name == controller else "slurmd") != "ready"
+            ):
                 waiting.append(name)
         if waiting or failed:
             return waiting, failed
@@ -308,7 +311,19 @@ class GceProvider(Provider):
         return f"gce://{api.target.project}/{api.target.zone}/{node.name}#{inst.id if inst else ''}"
 
     def reboot_node(self, cluster: Cluster, node: Node) -> None:
-        self.api(cluster).send(plan.ApiRequest("instances", "reset", "zone", node.name))
+        """instances.reset, then the node's new boot seen: its guest attributes outlive
+        the reset, so until the startup script reports another boot id, the old boot's
+        ``slurmd=ready`` would make the node look back at once."""
+        api = self.api(cluster)
+        before = api.guest_attributes(node.name).get("boot", "")
+        api.send(plan.ApiRequest("instances", "reset", "zone", node.name))
+        deadline = time.monotonic() + self.repair_ready_timeout_s
+        while api.guest_attributes(node.name).get("boot", before) in (before, ""):
+            if time.monotonic() > deadline:
+                raise ProviderError(
+                    f"{node.name} did not boot again after instances.reset", code="TIMEOUT"
+                )
+            time.sleep(settings.MTC_GCE_POLL_S)
 
     def reimage_node(self, cluster: Cluster, node: Node) -> None:
         """A fresh boot disk from the pool's template (the instance is recreated)."""

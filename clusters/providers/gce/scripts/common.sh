@@ -13,6 +13,10 @@ report() {
     "$MD/guest-attributes/mtc/$1" >/dev/null || true
 }
 trap 'report state "failed: line $LINENO"' ERR
+# This boot's id first: after a reset mtc waits for a new one, since guest attributes
+# outlive a reboot and the last boot's "ready" would otherwise answer for this one.
+report boot "$(cat /proc/sys/kernel/random/boot_id)"
+report @@READY_KEY@@ booting
 report state configuring
 
 # --- shared storage from the spec -------------------------------------------------
