@@ -34,6 +34,6 @@ N counts the parameters that take part in matmuls (every parameter except the in
 embedding table, which is a lookup; a tied embedding counts once, as the output
 projection). 6N is forward + backward of the dense layers, the second term the causal
 attention scores and values. n_heads * head_dim is d_model for Llama. Peak FLOP/s per
-device: H100/H200 989e12, B200 2250e12, A100 312e12 (dense bf16); on CPU
+device: dense BF16 by GPU model (``metrics.GPU_PEAK_FLOPS``, with NVIDIA's sources); on CPU
 ``MTC_PEAK_FLOPS`` (per process) or an *estimate* of 1e11 FLOP/s per core used.
 """
