@@ -63,6 +63,7 @@ class RunConfig:
     text_field: str = "text"  # the JSONL/Parquet/Arrow field holding each document
     tokenizer_vocab: int | None = None  # None: min(model vocab, 16384)
     max_operand: int = 9  # arithmetic tasks: operands in [0, max_operand]
+    require_cuda: bool = False  # launched on real GPUs: no CUDA here is an error, not CPU
 
     @property
     def path(self) -> Path:

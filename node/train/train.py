@@ -251,7 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     d = dist_init()
     _logging_setup(d.rank)
     try:
-        return run(load_config(args.config), d)
+        cfg = load_config(args.config)
+        if cfg.require_cuda and d.device.type != "cuda":
+            raise RunError(
+                "this job was launched on a GPU pool, but torch finds no CUDA device here "
+                f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}, "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); "
+                "it would train on CPU. Check the node's driver and that the job got GPUs."
+            )
+        return run(cfg, d)
     except (ConfigError, RunError, CorpusError, FileNotFoundError) as exc:
         log.error("%s", exc)
         return 2
