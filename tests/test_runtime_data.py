@@ -178,3 +178,10 @@ def test_shards_write_and_open_round_trip(tmp_path, tok):
     assert opened.count(tok.eos_id) == 50
     args = tokenize_argparser(__import__("argparse").ArgumentParser()).parse_args(["a", "b"])
     assert (args.field, args.vocab) == ("text", 16384)
+
+
+def test_a_gpu_launch_without_cuda_fails_fast(tmp_path, capsys):
+    """require_cuda (set by a launch on real GPUs): no CUDA is exit 2, never CPU training."""
+    assert run_inprocess(tmp_path / "run", require_cuda=True, **TINY) == 2
+    assert "finds no CUDA device" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
