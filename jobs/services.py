@@ -83,6 +83,23 @@ def job_validate(*, cluster: Cluster, data) -> Submission:
     )
 
 
+def job_sbatch_args(*, cluster: Cluster, owner, submission: Submission, make: bool = True):
+    """The sbatch argument list the submission goes with (a preview passes make=False:
+    the same list, and no folder is made)."""
+    account = job_account(owner)
+    if make:
+        output_dir, work_dir = cluster_job_dirs(cluster, account)
+    else:
+        root = job_root(cluster, account, make=False)
+        output_dir, work_dir = root / "output", root / "work"
+    return sbatch_args(
+        submission,
+        output_dir=str(output_dir),
+        work_dir=str(work_dir),
+        comment=f"mtc-owner={owner.username}" if owner else "mtc",
+    )
+
+
 def job_submit(
     *,
     cluster: Cluster,
@@ -100,13 +117,7 @@ def job_submit(
         )
     account = job_account(owner)
     run_as = account if account is not None and account.isolated else None
-    output_dir, work_dir = cluster_job_dirs(cluster, account)
-    args = sbatch_args(
-        submission,
-        output_dir=str(output_dir),
-        work_dir=str(work_dir),
-        comment=f"mtc-owner={owner.username}" if owner else "mtc",
-    )
+    args = job_sbatch_args(cluster=cluster, owner=owner, submission=submission)
     env = {**submission.env, "MTC_CLUSTER": cluster.cluster_id}
     client = get_provider(cluster.provider).slurm(cluster)
     job_id = client.submit(args, submission.script, env, run_as=run_as)

@@ -200,8 +200,21 @@ MAX_OPERAND = Param(
 )
 FAMILY = Param("family", "choice", "llama", "Model architecture.", choices=("llama", "gemma"))
 _PRETRAIN_DATA = (
-    "Text file, directory of text files or JSONL with a 'text' field; default: "
-    "the Python standard library's sources."
+    "Text file or directory; JSONL, Parquet or Arrow (the text_field column); or "
+    "pre-tokenized shards (.bin/.npy, from `mtc data tokenize`). Read whole. Default: "
+    "the first 2 M characters of the Python standard library's sources."
+)
+# Pretraining only: the run reports what it read (dataset_documents, dataset_tokens).
+PRETRAIN_DATA_PARAMS = (
+    Param("text_field", "str", "text", "The JSONL/Parquet/Arrow field holding each document."),
+    Param(
+        "corpus_bytes",
+        "int",
+        None,
+        "Read at most this many characters of data_path (empty: all of it).",
+        1,
+        10**15,
+    ),
 )
 _SFT_DATA = "JSONL with 'prompt' and 'response'; default: generated arithmetic Q&A."
 
@@ -213,14 +226,20 @@ RECIPES: dict[str, Recipe] = {
             "Llama pretraining",
             "Pretrain a Llama-architecture model from scratch (FSDP2, checkpoints, resume).",
             "llama",
-            tuple(_common(LLAMA_MODELS, steps=60, lr=3e-3, seq_len=64, data_help=_PRETRAIN_DATA)),
+            (
+                *_common(LLAMA_MODELS, steps=60, lr=3e-3, seq_len=64, data_help=_PRETRAIN_DATA),
+                *PRETRAIN_DATA_PARAMS,
+            ),
         ),
         Recipe(
             "gemma-pretrain",
             "Gemma pretraining",
             "Pretrain a Gemma-architecture model from scratch.",
             "gemma",
-            tuple(_common(GEMMA_MODELS, steps=60, lr=3e-3, seq_len=64, data_help=_PRETRAIN_DATA)),
+            (
+                *_common(GEMMA_MODELS, steps=60, lr=3e-3, seq_len=64, data_help=_PRETRAIN_DATA),
+                *PRETRAIN_DATA_PARAMS,
+            ),
         ),
         Recipe(
             "continued-pretrain",
@@ -236,6 +255,7 @@ RECIPES: dict[str, Recipe] = {
                     seq_len=64,
                     data_help=_PRETRAIN_DATA,
                 ),
+                *PRETRAIN_DATA_PARAMS,
                 Param("init_from", "checkpoint", None, INIT_FROM.help, required=True),
             ),
         ),

@@ -66,12 +66,14 @@ def param_field(param: Param) -> forms.Field:
         attrs["min"] = _limit(param.minimum, param.kind)
     if param.maximum is not None:
         attrs["max"] = _limit(param.maximum, param.kind)
+    # A number whose default is none (a cap) may be left empty: the default.
+    optional = {"required": param.required or param.default is not None}
     if param.kind == "int":
         attrs["step"] = "1"
-        return forms.IntegerField(widget=forms.NumberInput(attrs=attrs), **common)
+        return forms.IntegerField(widget=forms.NumberInput(attrs=attrs), **common, **optional)
     if param.kind == "float":
         attrs["step"] = "any"
-        return forms.FloatField(widget=forms.NumberInput(attrs=attrs), **common)
+        return forms.FloatField(widget=forms.NumberInput(attrs=attrs), **common, **optional)
     if param.kind == "choice":
         return forms.ChoiceField(choices=[(c, c) for c in param.choices], **common)
     if param.kind == "bool":

@@ -29,6 +29,7 @@ from registry.selectors import VersionRefError, register_as_problem, version_res
 from slurm.submit import SubmissionError
 
 from .catalog import Recipe, RecipeError, recipe_get
+from .gpu_launch import env_block, partition_pool
 
 BODY_FIELDS = (
     "nodes",
@@ -51,13 +52,14 @@ SCRIPT = r"""#!/bin/bash
 set -euo pipefail
 export OMP_NUM_THREADS={threads}
 export PYTHONPATH={repo}
+{gpu_env}
 export MTC_PYTHON={python} MTC_NPROC={nproc} MTC_RUN_CONFIG={config}
 export RDZV_HOST={rdzv_host}
 export RDZV_PORT=$(( {port_base} + SLURM_JOB_ID % {port_span} ))
 echo "mtc: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST," \
      "restart ${{SLURM_RESTART_COUNT:-0}}, rendezvous $RDZV_HOST:$RDZV_PORT"
 # One torchrun per node; each learns its node rank from Slurm.
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c 'exec "$MTC_PYTHON" \
+srun --ntasks-per-node=1 {srun_cpus}--kill-on-bad-exit=1 bash -c 'exec "$MTC_PYTHON" \
   -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" \
   --nproc-per-node="$MTC_NPROC" --master-addr="$RDZV_HOST" --master-port="$RDZV_PORT" \
   -m node.train.train --config "$MTC_RUN_CONFIG"'
@@ -77,6 +79,7 @@ class LaunchPlan:
     run_config: dict[str, Any]
     script: str
     register_as: str = ""
+    options: list[str] | None = None  # sbatch's arguments, as submitted (dry_run shows them)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -188,6 +191,9 @@ def recipe_plan(
     name = body.get("name") or f"{recipe_id}-{params.get('model', '')}".rstrip("-")
     run_dir = run_dir or new_run_dir(cluster, recipe_id, owner)
     gpus = body.get("gpus_per_node")
+    pool = partition_pool(cluster.spec, body.get("partition") or "")
+    if gpus is None and pool is not None and pool.gpus:
+        gpus = pool.gpus  # a GPU pool: every GPU of the node, one rank each (when real)
     job_body = {
         "name": name,
         "script": "#!/bin/bash\n",
@@ -206,7 +212,10 @@ def recipe_plan(
         submission = None
     if errors:
         raise LaunchError(errors)
+    srun_cpus = _ask_for_the_node(submission, pool, cluster.provider)
     config = _run_config(recipe_id, params, run_dir, real_gpus)
+    if real_gpus and submission.gpus_per_node:
+        config["require_cuda"] = True  # no CUDA there: fail fast, never train on CPU
     if init_checkpoint:  # the runtime reads a path; the parameters keep what was asked
         config["init_from"] = init_checkpoint
         config.pop("init_from_version", None)
@@ -228,6 +237,8 @@ def recipe_plan(
         python=shlex.quote(sys.executable),
         nproc=nproc,
         config=shlex.quote(str(run_dir / "run.json")),
+        gpu_env=env_block(pool.machine_type if pool else "", gpus=bool(submission.gpus_per_node)),
+        srun_cpus=srun_cpus,
     )
     submission.script = script
     return LaunchPlan(
@@ -238,7 +249,24 @@ def recipe_plan(
         run_config=config,
         script=script,
         register_as=register_as,
+        options=services.job_sbatch_args(
+            cluster=cluster, owner=owner, submission=submission, make=False
+        ),
     )
+
+
+def _ask_for_the_node(submission, pool, provider: str) -> str:
+    """On a GPU pool the job takes the whole node: its cores (--cpus-per-task where mtc
+    knows them, else --exclusive, and srun hands the step all of them) and its memory
+    (--mem=0). Returns the srun option the script needs for that."""
+    if not submission.gpus_per_node:
+        return ""
+    submission.mem = "0"
+    if pool is not None and pool.cpus and provider == "local":
+        submission.cpus_per_task = pool.cpus
+        return ""
+    submission.exclusive = True
+    return '--cpus-per-task="$SLURM_CPUS_ON_NODE" '
 
 
 def recipe_launch(

@@ -15,6 +15,8 @@ from jobs.models import Job, JobEvent, JobMetric
 log = logging.getLogger(__name__)
 MAX_READ = 4 * 1024 * 1024  # per poll and job; the rest waits for the next poll
 SUMMARY_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "reward")
+# From the run's start event: what it read of its data (node/train/train.py).
+DATASET_KEYS = ("dataset_documents", "dataset_tokens")
 
 
 def _time(value) -> datetime | None:
@@ -94,6 +96,9 @@ def job_metrics_ingest(job: Job) -> int:
                 summary["last_checkpoint_step"] = _step(step)
             if event == "start":
                 summary.pop("done", None)
+                for key in DATASET_KEYS:
+                    if isinstance(entry.get(key), int) and not isinstance(entry[key], bool):
+                        summary[key] = entry[key]
             if event == "done":
                 summary["done"] = True
             if event in ("resumed", "done"):

@@ -65,6 +65,9 @@ class Submission:
     requeue: bool = True
     dependency: str = ""
     array: str = ""
+    # Set by mtc's own launches (recipes), not by the submit body: the whole node.
+    mem: str = ""  # --mem ("0": all of the node's memory)
+    exclusive: bool = False
 
     def as_options(self) -> dict[str, Any]:
         """What is stored with the job (the script is stored on its own)."""
@@ -214,6 +217,10 @@ def sbatch_args(sub: Submission, *, output_dir: str, work_dir: str, comment: str
         args.append(f"--partition={sub.partition}")
     if sub.gpus_per_node:
         args.append(f"--gpus-per-node={sub.gpus_per_node}")
+    if sub.mem:
+        args.append(f"--mem={sub.mem}")
+    if sub.exclusive:
+        args.append("--exclusive")
     if sub.time_limit:
         args.append(f"--time={sub.time_limit}")
     if sub.dependency:

@@ -306,3 +306,68 @@ def test_single_user_mode_checks_as_mtc(cluster, user_api, settings, submits):
     )
     assert response.status_code == 200, response.content
     assert not Job.objects.exists() and not submits
+
+
+def _gpu_cluster(cluster_id: str, machine_type: str) -> Cluster:
+    spec = make_spec(cluster_id, nodes=2)
+    spec["node_pools"][1]["machine_spec"]["machine_type"] = machine_type
+    spec = validate_cluster_spec(spec)
+    return Cluster.objects.create(cluster_id=cluster_id, spec=spec, state="RUNNING")
+
+
+def _dry_run(api, cluster_id: str, **body) -> dict:
+    response = api.post(
+        f"/api/v1/clusters/{cluster_id}/recipes/llama-pretrain/launch",
+        {"nodes": 2, "overrides": {"steps": 4}, "dry_run": True, **body},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_dry_run_shows_the_sbatch_options_for_the_whole_gpu_node(cluster, user_api):
+    """The local pool: 8 emulated GPUs on local-2 nodes. What is shown is what sbatch gets."""
+    body = _dry_run(user_api, "rc")
+    options = body["options"]
+    assert options[0] == "sbatch" and "--nodes=2" in options
+    assert "--gpus-per-node=8" in options and "--mem=0" in options
+    assert "--cpus-per-task=2" in options  # the node's cores, not 1
+    assert "PYTORCH_ALLOC_CONF=expandable_segments:True" in body["script"]
+    assert "NCCL_NET" not in body["script"]  # local machines: no cloud NCCL plugin
+    # Emulated GPUs: one CPU rank per node, and the runtime must not demand CUDA.
+    assert "MTC_NPROC=1" in body["script"] and "require_cuda" not in body["run_config"]
+    # An explicit CPU-only request stays one: no GPUs, no whole-node asks.
+    cpu = _dry_run(user_api, "rc", gpus_per_node=0)["options"]
+    assert not any(o.startswith(("--gpus-per-node", "--mem")) for o in cpu)
+
+
+@pytest.mark.parametrize(
+    "machine_type, transport, marker",
+    [
+        ("a3-ultragpu-8g", "gIB", 'NCCL_NET="gIB"'),
+        ("a4-highgpu-8g", "gIB", "tuner_config_a4.txtpb"),
+        ("a3-megagpu-8g", "TCPXO", "NCCL_FASTRAK_CTRL_DEV"),
+    ],
+)
+def test_gpu_machine_types_carry_their_nccl_environment(
+    db, user_api, monkeypatch, machine_type, transport, marker
+):
+    from clusters.providers import get_provider
+
+    real = get_provider("local")
+
+    class RealGpus:  # as on a node with NVIDIA GPUs
+        gpus_emulated = False
+
+    monkeypatch.setattr("recipes.launch.get_provider", lambda name: RealGpus())
+    _gpu_cluster("g1", machine_type)
+    body = _dry_run(user_api, "g1")
+    script, options = body["script"], body["options"]
+    assert f"NCCL over {transport} on {machine_type}" in script and marker in script
+    assert "https://cloud.google.com/" in script  # the page the values follow
+    assert "--gpus-per-node=8" in options and "--mem=0" in options
+    assert "--exclusive" in options  # cores mtc does not know: the whole node
+    assert '--cpus-per-task="$SLURM_CPUS_ON_NODE"' in script  # and the step gets them all
+    assert "MTC_NPROC=8" in script  # one rank per real GPU
+    assert body["run_config"]["require_cuda"] is True
+    assert real.gpus_emulated in (True, False)

@@ -70,3 +70,23 @@ def test_bootstrap_generates_and_prints_once(monkeypatch, django_user_model):
     password = out.split("password ")[1].split()[0]
     assert django_user_model.objects.get(username="admin").check_password(password)
     assert password not in run("bootstrap")
+
+
+def test_data_tokenize_writes_a_shard_set(tmp_path):
+    """`mtc data tokenize`: the shards a pretraining run's data_path reads whole."""
+    data = tmp_path / "docs.jsonl"
+    data.write_text(
+        "".join(json.dumps({"body": f"document {i} of the set"}) + "\n" for i in range(50))
+    )
+    out = run(
+        "data", "tokenize", str(data), str(tmp_path / "shards"), "--field", "body", "--vocab", "300"
+    )
+    assert "50 documents" in out
+    manifest = json.loads((tmp_path / "shards" / "shards.json").read_text())
+    assert manifest["documents"] == 50 and (tmp_path / "shards" / "tokenizer.json").exists()
+    with pytest.raises(CommandError, match="no column"):
+        pq = pytest.importorskip("pyarrow.parquet")
+        import pyarrow as pa
+
+        pq.write_table(pa.table({"other": ["x"]}), tmp_path / "t.parquet")
+        run("data", "tokenize", str(tmp_path / "t.parquet"), str(tmp_path / "o"))

@@ -36,7 +36,7 @@ def test_ingest_is_incremental_and_redoes_steps_after_a_resume(tmp_path, user_ap
     metrics = tmp_path / "metrics.jsonl"
     write(
         metrics,
-        {"event": "start", "step": 0},
+        {"event": "start", "step": 0, "dataset_documents": 20000, "dataset_tokens": 123456},
         *[
             {"step": s, "loss": 5.0 - s / 10, "tokens_per_s": 100.0, "mfu": 0.01}
             for s in range(1, 4)
@@ -47,6 +47,7 @@ def test_ingest_is_incremental_and_redoes_steps_after_a_resume(tmp_path, user_ap
     assert job_metrics_ingest(job) == 3
     assert job.metrics["first_loss"] == 4.9 and job.metrics["last_loss"] == pytest.approx(4.7)
     assert job.metrics["last_checkpoint_step"] == 2
+    assert (job.metrics["dataset_documents"], job.metrics["dataset_tokens"]) == (20000, 123456)
     assert job_metrics_ingest(job) == 0  # the half-written line waits
 
     with open(metrics, "a") as fh:

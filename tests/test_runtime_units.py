@@ -114,3 +114,34 @@ def test_every_architecture_trains_a_step(arch):
     loss.backward()
     assert 6.0 < loss.item() < 8.0  # about ln(1024) at initialisation
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "device_name, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4),  # SXM
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H100 NVL", 835),
+        ("NVIDIA H200", 989),
+        ("NVIDIA H200 NVL", 835),
+        ("NVIDIA GH200 480GB", 989),
+        ("NVIDIA B200", 2250),
+        ("NVIDIA GB200", 2500),
+        ("NVIDIA B300 SXM6 AC", 2250),
+        ("NVIDIA GB300", 2500),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA L4", 121),
+        ("NVIDIA L40S", 362),
+    ],
+)
+def test_gpu_peak_by_device_name(device_name, tflops):
+    from node.train.metrics import gpu_peak_flops
+
+    assert gpu_peak_flops(device_name) == pytest.approx(tflops * 1e12)
+
+
+def test_an_unknown_gpu_has_no_peak_in_the_table():
+    from node.train.metrics import UNKNOWN_GPU_FLOPS, gpu_peak_flops
+
+    assert gpu_peak_flops("NVIDIA Quadro P1000") is None
+    assert UNKNOWN_GPU_FLOPS >= 989e12  # MFU of an unknown GPU is never inflated by A100's

@@ -1,6 +1,7 @@
 """mtc's training runtime: the program that runs on the nodes.
 
-Django-free on purpose (only torch, transformers, tokenizers, numpy and tensorboard).
+Django-free on purpose (only torch, transformers, tokenizers, numpy, pyarrow and
+tensorboard).
 Started by the recipe's batch script, one torchrun per node::
 
     python -m torch.distributed.run --nnodes=N --node-rank=R --nproc-per-node=G \\
@@ -12,7 +13,10 @@ or as one plain process (world size 1). Modules, one concern each:
 - ``config``      run.json → ``RunConfig`` (defaults, validation)
 - ``presets``     model shapes (tiny … Llama 3 70B, Gemma 7B) and ``param_count``
 - ``tokenizer``   a byte-level BPE trained locally on the run's text, cached in run_dir
-- ``data``        offline corpora (Python's stdlib sources by default), token windows
+- ``corpus``      documents of text, JSONL, Parquet, Arrow (stdlib sources by default)
+- ``shards``      tokens on disk: pre-tokenized shard sets, the run's parallel token cache,
+                  ``python -m node.train.shards tokenize`` (``mtc data tokenize``)
+- ``data``        the sample order, the token cache's name
 - ``tasks``       generated arithmetic with checkable answers; prompt/response JSONL
 - ``model``       transformers Llama/Gemma, FSDP2, activation checkpointing, compile
 - ``checkpoint``  torch.distributed.checkpoint saves, atomic, with resume discovery
@@ -30,6 +34,6 @@ N counts the parameters that take part in matmuls (every parameter except the in
 embedding table, which is a lookup; a tied embedding counts once, as the output
 projection). 6N is forward + backward of the dense layers, the second term the causal
 attention scores and values. n_heads * head_dim is d_model for Llama. Peak FLOP/s per
-device: H100/H200 989e12, B200 2250e12, A100 312e12 (dense bf16); on CPU
+device: dense BF16 by GPU model (``metrics.GPU_PEAK_FLOPS``, with NVIDIA's sources); on CPU
 ``MTC_PEAK_FLOPS`` (per process) or an *estimate* of 1e11 FLOP/s per core used.
 """

@@ -57,9 +57,13 @@ class RunConfig:
     # Additions (all optional):
     log_interval: int = 1  # progress line every N steps (metrics.jsonl gets every step)
     keep_checkpoints: int | None = None  # keep the newest N complete ones; None keeps all
-    corpus_bytes: int = 2_000_000  # how much of the default corpus / a text path is read
+    # A cap on the characters of data_path read (None: all of it; the default corpus,
+    # a demo, is capped at data.STDLIB_CHARS). The run reports what it read.
+    corpus_bytes: int | None = None
+    text_field: str = "text"  # the JSONL/Parquet/Arrow field holding each document
     tokenizer_vocab: int | None = None  # None: min(model vocab, 16384)
     max_operand: int = 9  # arithmetic tasks: operands in [0, max_operand]
+    require_cuda: bool = False  # launched on real GPUs: no CUDA here is an error, not CPU
 
     @property
     def path(self) -> Path:
@@ -135,6 +139,10 @@ def _check(cfg: RunConfig) -> None:
         problems.append("continued-pretrain needs init_from (a checkpoint directory)")
     if cfg.recipe == "rl" and cfg.rl.group_size < 2:
         problems.append("rl.group_size must be at least 2 (advantages are group-relative)")
+    if cfg.corpus_bytes is not None and cfg.corpus_bytes < 1:
+        problems.append("corpus_bytes must be at least 1 (or null: the whole corpus)")
+    if not cfg.text_field:
+        problems.append("text_field must name a field")
     if cfg.max_operand < 1:
         problems.append("max_operand must be at least 1")
     if problems:

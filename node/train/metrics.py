@@ -11,21 +11,44 @@ what one AVX-512 core with two FMA units does in fp32 at ~3 GHz).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
 
 import torch
 
-# Dense bf16 tensor-core peaks (no sparsity), by a substring of torch.cuda.get_device_name.
-GPU_PEAK_FLOPS = (
-    ("H200", 989e12),
-    ("H100", 989e12),
+# Dense BF16 tensor-core peak FLOP/s per GPU (NVIDIA's figures "with sparsity" halved),
+# matched in order against torch.cuda.get_device_name: the more specific name first
+# ("GB200" before "B200", "H100 NVL" before "H100"). Sources, NVIDIA's pages:
+#   H100 SXM/NVL   https://www.nvidia.com/en-us/data-center/h100/  (1,979 / 1,671 TF sparse)
+#   H100 PCIe      NVIDIA H100 PCIe product brief PB-11133-001 (756 TF dense)
+#   H200 SXM/NVL   https://www.nvidia.com/en-us/data-center/h200/  (1,979 / 1,671 TF sparse)
+#   B200, B300     https://www.nvidia.com/en-us/data-center/hgx/   (HGX B200 / B300:
+#                  36 PF sparse for 8 GPUs, 2.25 PF dense each)
+#   GB200          https://www.nvidia.com/en-us/data-center/gb200-nvl72/  (360 PF sparse for
+#                  72 GPUs, 2.5 PF dense each); GB300 NVL72 states the same BF16 figure
+#   A100           https://www.nvidia.com/en-us/data-center/a100/  (312 TF dense)
+#   L4, L40, L40S  their datasheets (242 / 362 / 733 TF sparse); A10G ~70 TF (AWS G5)
+GPU_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    ("GB300", 2500e12),
+    ("GB200", 2500e12),
+    ("B300", 2250e12),
     ("B200", 2250e12),
+    ("H200 NVL", 835e12),
+    ("H200", 989e12),  # also GH200 (its GPU is an H200 or H100 SXM)
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989.4e12),  # "NVIDIA H100 80GB HBM3": the SXM part
+    ("H800", 989e12),
     ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
     ("L4", 121e12),
     ("A10G", 70e12),
 )
+UNKNOWN_GPU_FLOPS = 989e12  # an H100 SXM's: MFU of an unknown GPU reads low, never high
+log = logging.getLogger("mtc.runtime")
 CPU_FLOPS_PER_CORE = 1e11  # an estimate, see the module docstring
 TB_BATCH, TB_SECONDS = 50, 10.0
 
@@ -40,11 +63,25 @@ def peak_flops(device: torch.device) -> float:
             pass
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, value in GPU_PEAK_FLOPS:
-            if key in name:
-                return value
-        return 312e12  # unknown GPU: an A100's figure, so MFU is at least comparable
+        peak = gpu_peak_flops(name)
+        if peak is None:
+            log.warning(
+                "MFU: no peak known for %r; using %.0f TFLOP/s (set MTC_PEAK_FLOPS)",
+                name,
+                UNKNOWN_GPU_FLOPS / 1e12,
+            )
+            return UNKNOWN_GPU_FLOPS
+        return peak
     return CPU_FLOPS_PER_CORE * torch.get_num_threads()
+
+
+def gpu_peak_flops(device_name: str) -> float | None:
+    """Dense BF16 peak of one GPU, by its CUDA device name; None when not in the table."""
+    upper = device_name.upper()
+    for key, value in GPU_PEAK_FLOPS:
+        if key.upper() in upper:
+            return value
+    return None
 
 
 class MetricsLogger:

@@ -21,11 +21,13 @@ from .checkpoint import (
     rng_restore,
 )
 from .config import RunConfig
-from .data import corpus_texts
+from .corpus import corpus_documents
+from .data import STDLIB_CHARS
 from .distributed import Dist
 from .model import model_build
 from .optim import optimizer_build
 from .presets import Preset
+from .shards import is_shard_set
 from .tasks import PairSource
 from .tokenizer import TOKENIZER_FILE, Tok, tokenizer_load, tokenizer_train
 
@@ -93,8 +95,11 @@ def _tokenizer(cfg: RunConfig, d: Dist, source: Path | None, preset: Preset) -> 
     """run_dir/tokenizer.json: kept from an earlier attempt, copied from the checkpoint
     the run starts from, or trained here on the recipe's own text."""
     path = cfg.path / TOKENIZER_FILE
+    shard_set = cfg.recipe in PRETRAIN and is_shard_set(cfg.data_path)
     if d.is_main and not path.exists():
         src = source / TOKENIZER_FILE if source else None
+        if shard_set and (src is None or not src.exists()):
+            src = _shard_tokenizer(cfg.data_path)
         if src is not None and src.exists():
             shutil.copyfile(src, path.with_suffix(".tmp"))
             os.replace(path.with_suffix(".tmp"), path)
@@ -102,7 +107,8 @@ def _tokenizer(cfg: RunConfig, d: Dist, source: Path | None, preset: Preset) -> 
         else:
             vocab = cfg.tokenizer_vocab or min(preset.vocab_size, 16384)
             if cfg.recipe in PRETRAIN:
-                texts = corpus_texts(cfg.data_path, min(cfg.corpus_bytes, TOKENIZER_TRAIN_BYTES))
+                cap = min(cfg.corpus_bytes or STDLIB_CHARS, TOKENIZER_TRAIN_BYTES)
+                texts = corpus_documents(cfg.data_path, cfg.text_field, cap)
             else:
                 texts = PairSource(cfg.data_path, cfg.seed, cfg.max_operand, 0).tokenizer_texts()
             t0 = time.time()
@@ -111,12 +117,31 @@ def _tokenizer(cfg: RunConfig, d: Dist, source: Path | None, preset: Preset) -> 
             log.info("tokenizer: trained a %d-token BPE in %.1fs", tok.vocab_size, time.time() - t0)
     d.barrier()
     tok = tokenizer_load(path)
+    if shard_set:
+        theirs = tokenizer_load(_shard_tokenizer(cfg.data_path))
+        if theirs.fingerprint() != tok.fingerprint():
+            raise RunError(
+                f"the shards in {cfg.data_path} were tokenized with another tokenizer than "
+                "this run's (its checkpoint's); tokenize the data with that one "
+                "(mtc data tokenize --tokenizer)"
+            )
     if tok.vocab_size > preset.vocab_size:
         raise RunError(
             f"tokenizer has {tok.vocab_size} tokens, the {preset.name} model only "
             f"{preset.vocab_size}"
         )
     return tok
+
+
+def _shard_tokenizer(data_path: str) -> Path:
+    p = Path(data_path)
+    found = (p if p.is_dir() else p.parent) / TOKENIZER_FILE
+    if not found.exists():
+        raise RunError(
+            f"pre-tokenized data {data_path} needs the {TOKENIZER_FILE} it was made with "
+            "beside it (mtc data tokenize writes one)"
+        )
+    return found
 
 
 def _task(cfg: RunConfig, d: Dist, tok: Tok, ref_model):

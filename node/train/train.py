@@ -23,6 +23,7 @@ import torch
 
 from .checkpoint import checkpoint_save
 from .config import ConfigError, RunConfig, load_config
+from .corpus import CorpusError
 from .distributed import Dist, dist_close, dist_init
 from .metrics import MetricsLogger, peak_flops, progress_line
 from .model import autocast, flops_per_token
@@ -81,6 +82,15 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
+def _dataset(task) -> dict:
+    """What the run read: documents (pairs, for sft/rl from a file) and tokens."""
+    tokens = getattr(task, "tokens", None)
+    if tokens is not None:
+        return {"dataset_documents": tokens.documents, "dataset_tokens": len(tokens)}
+    pairs = getattr(getattr(task, "source", None), "pairs", None)
+    return {"dataset_documents": len(pairs)} if pairs is not None else {}
+
+
 def _step_of(path: str) -> int:
     tail = path.rstrip("/").rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else -1
@@ -109,6 +119,7 @@ def run(cfg: RunConfig, d: Dist) -> int:
         flops_per_token=fpt,
         peak_flops=peak,
         vocab=p.tok.vocab_size,
+        **_dataset(p.task),
     )
     backend = f"FSDP2/{'nccl' if d.device.type == 'cuda' else 'gloo'}" if d.enabled else "single"
     say(
@@ -240,8 +251,16 @@ def main(argv: list[str] | None = None) -> int:
     d = dist_init()
     _logging_setup(d.rank)
     try:
-        return run(load_config(args.config), d)
-    except (ConfigError, RunError, FileNotFoundError) as exc:
+        cfg = load_config(args.config)
+        if cfg.require_cuda and d.device.type != "cuda":
+            raise RunError(
+                "this job was launched on a GPU pool, but torch finds no CUDA device here "
+                f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}, "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); "
+                "it would train on CPU. Check the node's driver and that the job got GPUs."
+            )
+        return run(cfg, d)
+    except (ConfigError, RunError, CorpusError, FileNotFoundError) as exc:
         log.error("%s", exc)
         return 2
     finally:

@@ -29,7 +29,8 @@ class RecipeLaunchView(APIView):
         responses={201: JobSerializer, 200: {"type": "object"}},
         description='Body: {"nodes": 2, "partition": "gpu", "overrides": {"model": "tiny", '
         '"steps": 60}}. With "dry_run": true, answers 200 with the rendered batch script '
-        'and the parameters, and submits nothing. "register_as": "<model>" registers the '
+        ", its sbatch options (what Slurm gets) and the parameters, and submits nothing. "
+        '"register_as": "<model>" registers the '
         "final checkpoint as that model's next version when the job completes; "
         '"overrides": {"init_from": "models/<name>@<alias or version>"} starts from a '
         "registered version (which becomes the new version's parent).",
@@ -54,6 +55,7 @@ class RecipeLaunchView(APIView):
                         "recipe": recipe,
                         "parameters": plan.parameters,
                         "script": plan.script,
+                        "options": plan.options,
                         "run_config": plan.run_config,
                         "register_as": plan.register_as,
                     }

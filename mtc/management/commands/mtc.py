@@ -8,6 +8,7 @@ python manage.py mtc login <id>          # a shell on the cluster's login node
 python manage.py mtc bootstrap           # make sure the admin user exists
 python manage.py mtc demo                # create the demo cluster if there is none
 python manage.py mtc daemons stop        # stop every local cluster's daemons
+python manage.py mtc data tokenize IN OUT [--tokenizer F]  # pre-tokenized shards for pretraining
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from clusters.demo import DEMO_SPEC
 from clusters.models import Cluster, Node, Operation
 from clusters.providers import ProviderError, get_provider
 from clusters.spec import SpecError, validate_cluster_spec
+from node.train.shards import tokenize_argparser, tokenize_command
 
 
 class Command(BaseCommand):
@@ -67,11 +69,20 @@ class Command(BaseCommand):
         fault.add_argument("--kind", help="kill, disk, slow, ecc, xid, dcgm, sdc, gpu-missing")
         daemons = groups.add_parser("daemons", help="local cluster daemons")
         daemons.add_argument("action", choices=["stop"])
+        data = groups.add_parser("data", help="training data")
+        data_verbs = data.add_subparsers(dest="verb", required=True)
+        tokenize_argparser(
+            data_verbs.add_parser(
+                "tokenize", help="write a pre-tokenized shard set (data_path of a pretraining run)"
+            )
+        )
 
     def handle(self, *args, **opts) -> None:
         group = opts["group"]
         if group == "cluster":
             getattr(self, f"cluster_{opts['verb']}")(opts)
+        elif group == "data":
+            self.data_tokenize(opts)
         else:
             getattr(self, group)(opts)
 
@@ -314,6 +325,15 @@ class Command(BaseCommand):
         except FaultError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(json.dumps(result))
+
+    def data_tokenize(self, opts) -> None:
+        """The runtime's own writer (node/train/shards.py): the run reads what it wrote."""
+        import argparse
+
+        try:
+            tokenize_command(argparse.Namespace(**opts), out=self.stdout)
+        except (OSError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
 
     def daemons(self, opts) -> None:
         provider = get_provider("local")
