@@ -10,8 +10,12 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from clusters import extensions
+        from mtc.retention import purge_register
 
         from . import tasks  # noqa: F401 (registers the Celery tasks)
+        from .retention import jobs_purge
+
+        purge_register("jobs", jobs_purge, setting="MTC_RETENTION_JOBS_DAYS")
 
         if _recent_jobs not in extensions.cluster_detail_parts:
             extensions.cluster_detail_parts.append(_recent_jobs)

@@ -31,3 +31,9 @@ def job_card_context(job: Job) -> dict:
 
 def job_series_context(job: Job) -> dict:
     return _merged(job_series_parts, job)
+
+
+# Files a finished job leaves besides its output (recipes: the run directory), removed
+# with its row by the retention purge (jobs.retention). Each part: job -> paths.
+JobFiles = Callable[[Job], list]
+job_file_parts: list[JobFiles] = []

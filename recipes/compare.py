@@ -308,7 +308,14 @@ def _thin(points: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
 
 def _charts(comparison: Comparison) -> None:
     job_runs = [r for r in comparison.runs if r.job is not None]
-    series = selectors.job_metric_series([r.job.pk for r in job_runs]) if job_runs else {}
+    # One bounded read per run (a run may have millions of steps); few runs are compared.
+    series = {
+        r.job.pk: [
+            (step, values)
+            for step, _t, values in selectors.job_metric_points(r.job.pk, points=MAX_POINTS).rows
+        ]
+        for r in job_runs
+    }
     for key, title in CURVES:
         traces = []
         for run in job_runs:
