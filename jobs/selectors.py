@@ -233,3 +233,36 @@ def _one_per_step(rows: list[tuple]) -> list[tuple]:
         (step, time, values if isinstance(values, dict) else {})
         for step, time, values in by_step.values()
     ]
+
+
+def job_metric_series(jobs: list[Job], *, points: int = METRIC_POINTS) -> dict[int, list[tuple]]:
+    """{job pk: [(step, time, values), ...]}, at most ``points`` per job, in one query for
+    runs that log every step (the steps to read follow from each job's latest step, in
+    its summary); a run whose steps are uneven gets its own job_metric_points read."""
+    points = max(4, min(points, METRIC_POINTS_MAX))
+    targets: dict[int, list[int]] = {}
+    match = Q()
+    for job in jobs:
+        last = (job.metrics or {}).get("step")
+        if isinstance(last, int) and not isinstance(last, bool) and last >= 0:
+            # Runs count from step 0 or 1: both are asked for, so the first is kept.
+            stride = max(1, math.ceil(last / (points - 3)))
+            targets[job.pk] = sorted({*range(0, last + 1, stride), 1, last})
+            match |= Q(job_id=job.pk, step__in=targets[job.pk])
+    found: dict[int, list[tuple]] = {job.pk: [] for job in jobs}
+    if targets:
+        rows = (
+            JobMetric.objects.filter(match)
+            .order_by("job_id", "step", "id")
+            .values_list("job_id", "step", "time", "values")
+        )
+        for job_pk, step, time, values in rows:
+            found[job_pk].append((step, time, values))
+    series = {}
+    for job in jobs:
+        wanted = targets.get(job.pk)
+        rows = _one_per_step(found[job.pk])
+        if wanted is None or len(rows) < len(wanted) // 2:
+            rows = job_metric_points(job.pk, points=points).rows
+        series[job.pk] = rows
+    return series

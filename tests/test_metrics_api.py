@@ -92,3 +92,18 @@ def test_bad_parameters_are_a_400_naming_the_field(user, user_api, query):
     response = user_api.get(_url(job), query)
     assert response.status_code == 400
     assert set(response.json()["error"]["fields"]) == set(query)
+
+
+def test_many_runs_read_bounded_in_one_query(user, django_assert_max_num_queries):
+    from jobs.selectors import job_metric_series
+
+    long = _run(user, range(1, STEPS + 1), job_id="11")
+    short = _run(user, range(1, 11), job_id="12")
+    for job, last in ((long, STEPS), (short, 10)):
+        Job.objects.filter(pk=job.pk).update(metrics={"step": last})
+        job.refresh_from_db()
+    with django_assert_max_num_queries(1):
+        series = job_metric_series([long, short], points=500)
+    assert 400 < len(series[long.pk]) <= 500
+    assert series[long.pk][0][0] == 1 and series[long.pk][-1][0] == STEPS
+    assert [row[0] for row in series[short.pk]] == list(range(1, 11))
