@@ -37,3 +37,8 @@ def job_series_context(job: Job) -> dict:
 # with its row by the retention purge (jobs.retention). Each part: job -> paths.
 JobFiles = Callable[[Job], list]
 job_file_parts: list[JobFiles] = []
+
+# Jobs an app above keeps however old (registry: a job a model version came from), as
+# a filter matching them: the purge leaves those rows and their files alone.
+JobKeep = Callable[[], object]  # -> django.db.models.Q
+job_keep_parts: list[JobKeep] = []

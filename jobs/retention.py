@@ -25,11 +25,14 @@ JOBS_BATCH = 200  # jobs a round; their metric points and events go 1,000 rows a
 
 def jobs_expired(cutoff: datetime) -> QuerySet[Job]:
     """Finished jobs that ended before ``cutoff`` (or, with no end time Slurm gave, were
-    last updated before it). A job a model version was registered from is kept: the
-    version's lineage and its source checkpoint (in the run directory) need it."""
-    return Job.objects.filter(state__in=TERMINAL_STATES, model_version__isnull=True).filter(
+    last updated before it), less those an app above keeps (extensions.job_keep_parts:
+    a job a model version came from, whose run directory holds its checkpoint)."""
+    qs = Job.objects.filter(state__in=TERMINAL_STATES).filter(
         Q(end_time__lt=cutoff) | Q(end_time__isnull=True, update_time__lt=cutoff)
     )
+    for keep in extensions.job_keep_parts:
+        qs = qs.exclude(keep())
+    return qs
 
 
 def job_files(job: Job) -> list[Path]:

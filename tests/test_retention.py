@@ -122,6 +122,9 @@ def test_old_finished_jobs_go_with_their_rows_and_files_newer_and_active_stay(ag
     assert not old_run.exists() and not old_out.exists()
     assert new_run.exists() and new_out.exists() and registered_run.exists()
     assert retention.tally("jobs", cluster.cluster_id) == 2
+    from health.prometheus import render
+
+    assert 'mtc_retention_purged_total{kind="jobs",cluster="rt"} 2' in render()
 
     # Twice is harmless: nothing more goes, nothing is counted twice.
     assert retention_purge()["jobs"] == 0
