@@ -231,16 +231,27 @@ def test_repairs_failures_and_reports_past_their_age_go_the_fleet_figures_read_t
                 node=node, time=now - days * DAY + timedelta(minutes=minute)
             )
 
+    # Goodput's inputs: a recipe job that ran in the window, one long before it.
+    for days in (45, 3):
+        job = _job(cluster, ended=now - days * DAY, recipe="sft", nodes=1, gpus_per_node=8)
+        JobEvent.objects.create(
+            job=job, time=now - days * DAY - 2 * timedelta(hours=1), state="RUNNING"
+        )
+        JobEvent.objects.create(job=job, time=now - days * DAY, state="COMPLETED")
+
     def figures():
         return (
             health_selectors.failures_by_mode(),
             health_selectors.mean_time_to_repair(),
             health_selectors.repairs_by_outcome(),
+            health_selectors.goodput(now=now),
         )
 
     before = figures()
+    assert before[3]["held_gpu_s"] == pytest.approx(2 * 3600 * 8)
     removed = retention_purge()
     assert figures() == before  # the fleet window lies within what is kept
+    assert removed["jobs"] == 1
     assert removed["repairs"] == 2  # the old repair, then its failure
     assert set(Repair.objects.values_list("pk", flat=True)) == {waiting.pk, recent.pk}
     assert set(NodeFailure.objects.values_list("pk", flat=True)) == {
@@ -304,7 +315,14 @@ def test_endpoint_requests_events_and_ended_replicas_go_a_live_endpoint_stays(ag
             )
         ]
     )
+    from serving.selectors import endpoint_series
+
+    def chart():  # what the endpoint page's chart shows, over its longest window
+        return endpoint_series(endpoint, window_s=86400, now=now)
+
+    before = chart()
     removed = retention_purge()
+    assert chart() == before  # the records purged lay outside the window kept
     assert removed["endpoint_requests"] == 1500
     assert removed["endpoint_history"] == 2  # one event, one replica
     assert Endpoint.objects.filter(pk=endpoint.pk).exists()
