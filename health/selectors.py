@@ -48,6 +48,12 @@ def fleet_window() -> timedelta:
     )
 
 
+def fleet_window_days() -> float | int:
+    """fleet_window in days, as the page says it (7, or 2.5)."""
+    days = round(fleet_window().total_seconds() / 86400, 1)
+    return int(days) if days == int(days) else days
+
+
 # --- one node --------------------------------------------------------------------
 def node_get(cluster_id: str, node_name: str) -> Node:
     """The node with its cluster and pool (raises Node.DoesNotExist)."""

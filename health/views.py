@@ -388,16 +388,11 @@ def repair_queue(request):
         "goodput_hours": {
             k: good[f"{k}_gpu_s"] / 3600 for k in ("held", "lost", "restart", "redo")
         },
-        "window_days": _days(selectors.fleet_window()),
+        "window_days": selectors.fleet_window_days(),
         "refresh_ms": LIVE_MS if running else IDLE_MS,
         "next_url": request.get_full_path(),
     }
     return render(request, "health/repairs.html", context)
-
-
-def _days(window) -> float | int:
-    days = round(window.total_seconds() / 86400, 1)
-    return int(days) if days == int(days) else days
 
 
 @operator_required

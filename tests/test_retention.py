@@ -263,7 +263,7 @@ def test_repairs_failures_and_reports_past_their_age_go_the_fleet_figures_read_t
     assert retention_purge().get("repairs", 0) == 0
 
 
-def test_the_fleet_window_shrinks_to_a_shorter_retention(ages):
+def test_the_fleet_window_shrinks_to_a_shorter_retention(ages, operator, client):
     ages.MTC_RETENTION_REPAIRS_DAYS = 3
     window = health_selectors.fleet_window()
     assert window == timedelta(days=3) - timedelta(hours=1)
@@ -279,6 +279,10 @@ def test_the_fleet_window_shrinks_to_a_shorter_retention(ages):
     assert before["FAILED"] == 1  # the 4-day-old one is outside the shortened window
     retention_purge()
     assert health_selectors.repairs_by_outcome() == before
+    client.force_login(operator)
+    page = client.get(reverse("health:repairs")).content.decode()
+    # The page says which window its figures cover (3 days less an hour).
+    assert "last 3 days" in page and "last 7 days" not in page
 
 
 def test_endpoint_requests_events_and_ended_replicas_go_a_live_endpoint_stays(ages, user):
