@@ -400,3 +400,24 @@ def test_old_logs_go_and_a_big_one_keeps_its_newest_half(ages, tmp_path):
     assert 0 < len(data) <= 1024 * 1024 // 2 + 100
     assert data.startswith(b"line ") and data.endswith(b"line 0199999\nafter the cut\n")
     assert retention_purge()["logs"] == 0
+
+
+@pytest.mark.parametrize(
+    "raw, days", [("", 90.0), ("30", 30.0), ("0.5", 0.5), ("0", 0.0), ("none", 0.0)]
+)
+def test_days_from_the_environment(monkeypatch, raw, days):
+    from mtc.settings import _retention_days
+
+    monkeypatch.setenv("MTC_RETENTION_X_DAYS", raw)
+    assert _retention_days("MTC_RETENTION_X_DAYS", 90) == days
+
+
+@pytest.mark.parametrize("raw", ["-1", "ninety", "nan"])
+def test_bad_days_stop_mtc_at_start(monkeypatch, raw):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from mtc.settings import _retention_days
+
+    monkeypatch.setenv("MTC_RETENTION_X_DAYS", raw)
+    with pytest.raises(ImproperlyConfigured, match="MTC_RETENTION_X_DAYS"):
+        _retention_days("MTC_RETENTION_X_DAYS", 90)
