@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, QuerySet
 
-from mtc.retention import Budget, batched_delete, path_remove, tally_add
+from mtc.retention import Budget, batched_delete, path_remove, tally_add, tally_clear
 
 from . import extensions
 from .choices import TERMINAL_STATES
@@ -89,3 +89,14 @@ def jobs_purge(cutoff: datetime, budget: Budget) -> int:
         if len(jobs) < JOBS_BATCH:
             break
     return removed
+
+
+def cluster_jobs_clear(sender, *, cluster_id: str, **kwargs) -> None:
+    """The cluster_deleting receiver: the cluster's metric points and job events go in
+    batches before its rows cascade (a run's millions of points in one statement would
+    hold the lock for minutes), and its purge tally with them (a new cluster of the same
+    id starts from nothing). Safe to run twice, as the delete operation may."""
+    unbounded = Budget(float("inf"))
+    batched_delete(JobMetric.objects.filter(job__cluster__cluster_id=cluster_id), unbounded)
+    batched_delete(JobEvent.objects.filter(job__cluster__cluster_id=cluster_id), unbounded)
+    tally_clear("jobs", cluster_id)

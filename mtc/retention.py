@@ -240,3 +240,9 @@ def logs_purge(cutoff: datetime, budget: Budget) -> int:
             except OSError as exc:
                 log.warning("retention: log %s: %s", path, exc)
     return done
+
+
+def tally_clear(kind: str, scope: str) -> None:
+    from mtc.models import RetentionTally
+
+    RetentionTally.objects.filter(kind=kind, scope=scope).delete()

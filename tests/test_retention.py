@@ -421,3 +421,17 @@ def test_bad_days_stop_mtc_at_start(monkeypatch, raw):
     monkeypatch.setenv("MTC_RETENTION_X_DAYS", raw)
     with pytest.raises(ImproperlyConfigured, match="MTC_RETENTION_X_DAYS"):
         _retention_days("MTC_RETENTION_X_DAYS", 90)
+
+
+def test_a_deleted_clusters_points_go_in_batches_and_its_tally_with_it(ages):
+    from clusters.signals import cluster_deleting
+
+    cluster = _cluster("gone")
+    job, _, _ = _recipe_job(cluster, ended=timezone.now(), state="RUNNING")
+    retention.tally_add("jobs", {"gone": 3})
+    for _ in range(2):  # the delete operation may run twice
+        cluster_deleting.send(sender=Cluster, cluster_id="gone")
+    assert not JobMetric.objects.filter(job=job).exists()
+    assert not JobEvent.objects.filter(job=job).exists()
+    assert retention.tally("jobs", "gone") == 0
+    assert Job.objects.filter(pk=job.pk).exists()  # the rows themselves go with the cluster
