@@ -117,7 +117,7 @@ def path_remove(path: Path | str, *, root: Path | str) -> bool:
         relative = path.relative_to(root) if path.is_absolute() else None
     except ValueError:
         relative = None
-    if relative is None or not relative.parts:
+    if relative is None or not relative.parts or ".." in relative.parts:
         return False
     current = root
     for part in relative.parts:

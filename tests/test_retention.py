@@ -158,6 +158,7 @@ def test_a_path_outside_the_clusters_folder_or_through_a_link_is_never_removed(t
     assert not retention.path_remove(cluster_root / "runs" / "link" / "keep", root=cluster_root)
     assert not retention.path_remove(cluster_root / "runs" / "link", root=cluster_root)
     assert not retention.path_remove(cluster_root, root=cluster_root)
+    assert not retention.path_remove(cluster_root / ".." / ".." / "elsewhere", root=cluster_root)
     assert (outside / "keep").is_dir()
     (cluster_root / "runs" / "r1").mkdir()
     assert retention.path_remove(cluster_root / "runs" / "r1", root=cluster_root)
