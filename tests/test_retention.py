@@ -436,3 +436,17 @@ def test_a_deleted_clusters_points_go_in_batches_and_its_tally_with_it(ages):
     assert not JobEvent.objects.filter(job=job).exists()
     assert retention.tally("jobs", "gone") == 0
     assert Job.objects.filter(pk=job.pk).exists()  # the rows themselves go with the cluster
+
+
+def test_the_command_purges_until_done(ages):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    cluster = _cluster()
+    for _ in range(3):
+        _job(cluster, ended=timezone.now() - 40 * DAY)
+    out = StringIO()
+    call_command("retention_purge", "--until-done", stdout=out)
+    assert "jobs: 3" in out.getvalue().splitlines()
+    assert not Job.objects.exists()
