@@ -9,9 +9,14 @@ class HealthConfig(AppConfig):
         # Node repair is an Operation kind this app owns: clusters runs it, health decides.
         from clusters.choices import OperationKind
         from clusters.operations import operation_kind_register
+        from mtc.retention import purge_register
 
         from . import tasks  # noqa: F401 (registers the Celery tasks)
         from .repair import repair_execute, repair_operation_failed
+        from .retention import repairs_purge, reports_purge
+
+        purge_register("health_reports", reports_purge, setting="MTC_RETENTION_HEALTH_REPORTS_DAYS")
+        purge_register("repairs", repairs_purge, setting="MTC_RETENTION_REPAIRS_DAYS")
 
         operation_kind_register(
             OperationKind.REPAIR_NODE, repair_execute, on_fail=repair_operation_failed

@@ -18,7 +18,8 @@ class HealthReport(models.Model):
 
     class Meta:
         ordering = ["-time", "-id"]
-        indexes = [models.Index(fields=["node", "-time"])]
+        # time alone: the retention purge deletes by age across every node.
+        indexes = [models.Index(fields=["node", "-time"]), models.Index(fields=["time"])]
 
 
 class NodeFailure(models.Model):

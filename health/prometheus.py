@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 
 from clusters.models import Cluster, Node
 from jobs.models import Job
+from mtc.models import RetentionTally
 
 from .models import HealthReport, NodeFailure, Repair
 
@@ -110,11 +111,14 @@ def render() -> str:
         out.append(
             _line("mtc_nodes", {"cluster": cid, "slurm_state": slurm_state, "health": health}, n)
         )
-    family("mtc_jobs", "gauge", "Jobs by state")
+    family("mtc_jobs", "gauge", "Jobs by state (finished ones for MTC_RETENTION_JOBS_DAYS)")
     for cid, state, n in (
         Job.objects.values_list("cluster__cluster_id", "state").annotate(n=Count("id")).order_by()
     ):
         out.append(_line("mtc_jobs", {"cluster": cid, "state": state}, n))
+    family("mtc_retention_purged_total", "counter", "Rows the retention purge removed")
+    for kind, scope, n in RetentionTally.objects.values_list("kind", "scope", "purged"):
+        out.append(_line("mtc_retention_purged_total", {"kind": kind, "cluster": scope}, n))
     family("mtc_node_failures_open", "gauge", "Unresolved failures by mode")
     for cid, mode, n in (
         NodeFailure.objects.exclude(state="RESOLVED")

@@ -24,6 +24,7 @@ from django.utils import timezone
 from clusters.models import Cluster, Node
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent, JobMetric
+from mtc.retention import window_within_retention
 
 from .choices import REPAIR_ACTIVE_STATES, FailureState, RepairState
 from .models import HealthReport, NodeFailure, Repair
@@ -33,6 +34,24 @@ PAST_FAILURES = 50
 NODE_REPAIRS = 50
 REPAIR_HISTORY = 100
 FLEET_WINDOW = timedelta(days=7)
+
+
+def fleet_window() -> timedelta:
+    """FLEET_WINDOW, or less when repairs or jobs are kept for less (mtc.retention): the
+    fleet figures then count only rows the purge keeps, and read the same after it.
+    The margin: goodput reads the repairs that started an hour before its window."""
+    return window_within_retention(
+        FLEET_WINDOW,
+        "MTC_RETENTION_REPAIRS_DAYS",
+        "MTC_RETENTION_JOBS_DAYS",
+        margin=timedelta(hours=1),
+    )
+
+
+def fleet_window_days() -> float | int:
+    """fleet_window in days, as the page says it (7, or 2.5)."""
+    days = round(fleet_window().total_seconds() / 86400, 1)
+    return int(days) if days == int(days) else days
 
 
 # --- one node --------------------------------------------------------------------
@@ -118,12 +137,12 @@ def clusters_for_filter() -> list[tuple[str, str]]:
 
 
 # --- fleet figures (one aggregate query each) ---------------------------------------
-def _since(window: timedelta):
-    return timezone.now() - window
+def _since(window: timedelta | None):
+    return timezone.now() - (window or fleet_window())
 
 
 def failures_by_mode(
-    cluster_id: str = "", window: timedelta = FLEET_WINDOW
+    cluster_id: str = "", window: timedelta | None = None
 ) -> list[tuple[str, int]]:
     """(mode, failures first seen within the window), most frequent first."""
     qs = NodeFailure.objects.filter(first_seen__gte=_since(window))
@@ -133,7 +152,7 @@ def failures_by_mode(
 
 
 def mean_time_to_repair(
-    cluster_id: str = "", window: timedelta = FLEET_WINDOW
+    cluster_id: str = "", window: timedelta | None = None
 ) -> tuple[timedelta | None, int]:
     """Mean of (end of a successful repair - its failure's first sight) over the
     repairs that succeeded within the window, and how many there were."""
@@ -153,7 +172,7 @@ def mean_time_to_repair(
     return mean, row["n"]
 
 
-def repairs_by_outcome(cluster_id: str = "", window: timedelta = FLEET_WINDOW) -> dict[str, int]:
+def repairs_by_outcome(cluster_id: str = "", window: timedelta | None = None) -> dict[str, int]:
     """{state: repairs requested within the window}, every state present."""
     qs = Repair.objects.filter(create_time__gte=_since(window))
     if cluster_id:
@@ -187,7 +206,7 @@ def _running_spans(events: list[tuple], until) -> list[tuple]:
     return spans
 
 
-def goodput(cluster_id: str = "", window: timedelta = FLEET_WINDOW, *, now=None) -> dict:
+def goodput(cluster_id: str = "", window: timedelta | None = None, *, now=None) -> dict:
     """The share of the GPU time that recipe jobs held within the window which went into
     training that was kept.
 
@@ -199,6 +218,7 @@ def goodput(cluster_id: str = "", window: timedelta = FLEET_WINDOW, *, now=None)
     Five queries, whatever the number of jobs, events or steps.
     """
     now = now or timezone.now()
+    window = window or fleet_window()
     since = now - window
     jobs_qs = Job.objects.filter(recipe__gt="").filter(
         Q(end_time__isnull=True) | Q(end_time__gte=since)

@@ -388,7 +388,7 @@ def repair_queue(request):
         "goodput_hours": {
             k: good[f"{k}_gpu_s"] / 3600 for k in ("held", "lost", "restart", "redo")
         },
-        "window_days": selectors.FLEET_WINDOW.days,
+        "window_days": selectors.fleet_window_days(),
         "refresh_ms": LIVE_MS if running else IDLE_MS,
         "next_url": request.get_full_path(),
     }

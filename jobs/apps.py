@@ -10,8 +10,14 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from clusters import extensions
+        from clusters.signals import cluster_deleting
+        from mtc.retention import purge_register
 
         from . import tasks  # noqa: F401 (registers the Celery tasks)
+        from .retention import cluster_jobs_clear, jobs_purge
+
+        purge_register("jobs", jobs_purge, setting="MTC_RETENTION_JOBS_DAYS")
+        cluster_deleting.connect(cluster_jobs_clear, dispatch_uid="jobs-retention")
 
         if _recent_jobs not in extensions.cluster_detail_parts:
             extensions.cluster_detail_parts.append(_recent_jobs)

@@ -31,3 +31,14 @@ def job_card_context(job: Job) -> dict:
 
 def job_series_context(job: Job) -> dict:
     return _merged(job_series_parts, job)
+
+
+# Files a finished job leaves besides its output (recipes: the run directory), removed
+# with its row by the retention purge (jobs.retention). Each part: job -> paths.
+JobFiles = Callable[[Job], list]
+job_file_parts: list[JobFiles] = []
+
+# Jobs an app above keeps however old (registry: a job a model version came from), as
+# a filter matching them: the purge leaves those rows and their files alone.
+JobKeep = Callable[[], object]  # -> django.db.models.Q
+job_keep_parts: list[JobKeep] = []

@@ -61,6 +61,8 @@ class Job(models.Model):
             models.Index(fields=["cluster", "-job_number", "array_task_id"]),
             models.Index(fields=["cluster", "state"]),
             models.Index(fields=["cluster", "owner"]),
+            # The retention purge: finished jobs by their end, across clusters.
+            models.Index(fields=["state", "end_time"]),
         ]
 
     def __str__(self) -> str:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
 from clusters.models import Cluster
+from mtc.retention import retention_days
+from mtc.retention import tally as retention_tally
 
 from .models import Job, JobMetric
 
@@ -30,6 +35,16 @@ def jobs_visible_to(user, cluster: Cluster) -> QuerySet[Job]:
 
 def job_state_counts(qs: QuerySet[Job]) -> dict[str, int]:
     return dict(qs.order_by().values_list("state").annotate(n=Count("id")))
+
+
+def jobs_retention_days() -> float | None:
+    """Days finished jobs are kept (MTC_RETENTION_JOBS_DAYS); None: forever."""
+    return retention_days("MTC_RETENTION_JOBS_DAYS")
+
+
+def jobs_purged_count(cluster: Cluster) -> int:
+    """Finished jobs of the cluster the retention purge has removed (jobs.retention)."""
+    return retention_tally("jobs", cluster.cluster_id)
 
 
 def job_output_path(job: Job, stream: str) -> Path | None:
@@ -125,19 +140,6 @@ def jobs_by_refs(user, refs: list[tuple[str, str]]) -> dict[tuple[str, str], Job
     return {(job.cluster.cluster_id, job.job_id): job for job in qs}
 
 
-def job_metric_series(job_pks: list[int]) -> dict[int, list[tuple[int, dict]]]:
-    """{job pk: [(step, values), ...] in step order} for all the jobs, in one query."""
-    series: dict[int, list[tuple[int, dict]]] = {pk: [] for pk in job_pks}
-    rows = (
-        JobMetric.objects.filter(job_id__in=job_pks)
-        .order_by("job_id", "step", "id")
-        .values_list("job_id", "step", "values")
-    )
-    for job_pk, step, values in rows:
-        series[job_pk].append((step, values if isinstance(values, dict) else {}))
-    return series
-
-
 def recipe_jobs_recent(user, *, limit: int = 30) -> list[Job]:
     """The newest recipe jobs the user may see, on every cluster (the comparison's picker)."""
     qs = (
@@ -149,3 +151,118 @@ def recipe_jobs_recent(user, *, limit: int = 30) -> list[Job]:
     if not user.is_staff:
         qs = qs.filter(owner=user)
     return list(qs[:limit])
+
+
+METRIC_POINTS = 1000  # points a series gets unless asked for another number
+METRIC_POINTS_MAX = 10_000
+
+
+@dataclass
+class MetricWindow:
+    """A job's metric points between two steps, at most ``points`` of them: every one
+    when there are no more, else an even stride over the steps (first and last kept)."""
+
+    rows: list[tuple[int, datetime | None, dict]]  # (step, time, values), in step order
+    first_step: int | None
+    last_step: int | None
+    stride: int  # 1: every stored step
+    downsampled: bool
+
+
+def job_metric_points(
+    job_pk: int,
+    *,
+    points: int = METRIC_POINTS,
+    start_step: int | None = None,
+    end_step: int | None = None,
+) -> MetricWindow:
+    """A bounded read of a run that may have millions of steps: a few index lookups,
+    never a scan of the run's rows, when the steps are evenly spaced (metrics.jsonl has
+    every step); one pass over the steps' numbers (not their values) when they are not."""
+    points = max(3, min(points, METRIC_POINTS_MAX))
+    qs = JobMetric.objects.filter(job_id=job_pk)
+    if start_step is not None:
+        qs = qs.filter(step__gte=start_step)
+    if end_step is not None:
+        qs = qs.filter(step__lte=end_step)
+    columns = ("step", "time", "values")
+    head = list(qs.order_by("step", "id").values_list(*columns)[: points + 1])
+    if len(head) <= points:
+        return MetricWindow(
+            rows=_one_per_step(head),
+            first_step=head[0][0] if head else None,
+            last_step=head[-1][0] if head else None,
+            stride=1,
+            downsampled=False,
+        )
+    first = head[0][0]
+    last = qs.order_by("-step", "-id").values_list("step", flat=True)[0]
+    # The spacing of the stored steps (1 when every step is logged), from the head.
+    gaps = [b[0] - a[0] for a, b in zip(head, head[1:], strict=False) if b[0] > a[0]]
+    spacing = min(gaps) if gaps else 1
+    stride = max(spacing, math.ceil((last - first) / (points - 2)))
+    stride = math.ceil(stride / spacing) * spacing
+    targets = sorted({*range(first, last + 1, stride), last})
+    rows = _one_per_step(
+        list(qs.filter(step__in=targets).order_by("step", "id").values_list(*columns))
+    )
+    if len(rows) < len(targets) // 2:
+        # Uneven steps: every k-th stored step by position, from one streamed pass
+        # over the step numbers (the index), never holding them all.
+        numbers = qs.order_by("step").values_list("step", flat=True).distinct()
+        k = math.ceil(numbers.count() / (points - 1))
+        chosen = {last}
+        for i, step in enumerate(numbers.iterator(chunk_size=10_000)):
+            if i % k == 0:
+                chosen.add(step)
+        rows = _one_per_step(
+            list(qs.filter(step__in=chosen).order_by("step", "id").values_list(*columns))
+        )
+        stride = k
+    return MetricWindow(
+        rows=rows, first_step=first, last_step=last, stride=stride, downsampled=True
+    )
+
+
+def _one_per_step(rows: list[tuple]) -> list[tuple]:
+    """The last stored row of each step (a resumed run may have written one twice)."""
+    by_step: dict[int, tuple] = {}
+    for row in rows:
+        by_step[row[0]] = row
+    return [
+        (step, time, values if isinstance(values, dict) else {})
+        for step, time, values in by_step.values()
+    ]
+
+
+def job_metric_series(jobs: list[Job], *, points: int = METRIC_POINTS) -> dict[int, list[tuple]]:
+    """{job pk: [(step, time, values), ...]}, at most ``points`` per job, in one query for
+    runs that log every step (the steps to read follow from each job's latest step, in
+    its summary); a run whose steps are uneven gets its own job_metric_points read."""
+    points = max(4, min(points, METRIC_POINTS_MAX))
+    targets: dict[int, list[int]] = {}
+    match = Q()
+    for job in jobs:
+        last = (job.metrics or {}).get("step")
+        if isinstance(last, int) and not isinstance(last, bool) and last >= 0:
+            # Runs count from step 0 or 1: both are asked for, so the first is kept.
+            stride = max(1, math.ceil(last / (points - 3)))
+            targets[job.pk] = sorted({*range(0, last + 1, stride), 1, last})
+            match |= Q(job_id=job.pk, step__in=targets[job.pk])
+    found: dict[int, list[tuple]] = {job.pk: [] for job in jobs}
+    if targets:
+        rows = (
+            JobMetric.objects.filter(match)
+            .order_by("job_id", "step", "id")
+            .values_list("job_id", "step", "time", "values")
+        )
+        for job_pk, step, time, values in rows:
+            found[job_pk].append((step, time, values))
+    series = {}
+    for job in jobs:
+        wanted = targets.get(job.pk)
+        rows = _one_per_step(found[job.pk])
+        if wanted is None or len(rows) < len(wanted) // 2:
+            rows = job_metric_points(job.pk, points=points).rows
+        series[job.pk] = rows
+    return series

@@ -227,6 +227,10 @@ def _queue_context(request, cluster: Cluster) -> dict:
         "partitions": [p["id"] for p in _partitions(cluster)],
         "refresh_ms": REFRESH_MS,
         "filter_errors": form.errors,
+        # The chips count the jobs kept; operators also see how many the purge removed
+        # (all of the cluster's, whoever's: a user's own count is not kept).
+        "retention_days": selectors.jobs_retention_days(),
+        "jobs_purged": selectors.jobs_purged_count(cluster) if is_staff else None,
     }
 
 

@@ -16,6 +16,10 @@ class MtcConfig(AppConfig):
 
         connection_created.connect(_sqlite_private, dispatch_uid="mtc-sqlite-private")
 
+        from .retention import logs_purge, purge_register
+
+        purge_register("logs", logs_purge, setting="MTC_RETENTION_LOGS_DAYS")
+
 
 def _sqlite_private(sender, connection, **kwargs) -> None:
     """SQLite makes the database (and its -wal/-shm files) itself, with the process

@@ -20,3 +20,22 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class RetentionTally(models.Model):
+    """How many rows a purge has removed, per scope (a cluster's id): figures that count
+    rows (a queue's jobs) can then still say how many there were in all. Written in the
+    same transaction as the delete it counts."""
+
+    kind = models.CharField(max_length=40)  # the purge's name: "jobs"
+    scope = models.CharField(max_length=64, blank=True)
+    purged = models.PositiveBigIntegerField(default=0)
+    last_time = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "scope"], name="retention_tally_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.scope}: {self.purged}"

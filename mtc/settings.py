@@ -228,12 +228,13 @@ CELERY_BEAT_SCHEDULE = {
     "jobs-poll": {"task": "jobs.tasks.jobs_poll_all", "schedule": 3.0},
     "recipe-metrics": {"task": "recipes.tasks.recipe_metrics_ingest_all", "schedule": 3.0},
     "health-poll": {"task": "health.tasks.health_poll_all", "schedule": 2.0},
-    "health-reports-prune": {"task": "health.tasks.health_reports_prune", "schedule": 600.0},
     "clusters-reconcile": {"task": "clusters.tasks.clusters_reconcile_all", "schedule": 10.0},
     "registry-poll": {"task": "registry.tasks.registrations_poll", "schedule": 5.0},
     "serving-reconcile": {"task": "serving.tasks.endpoints_reconcile_all", "schedule": 3.0},
     "tensorboard-idle": {"task": "recipes.tasks.tensorboards_stop_idle", "schedule": 60.0},
     "cloud-metrics-export": {"task": "health.tasks.cloud_metrics_export_all", "schedule": 60.0},
+    # Retention (below): a few seconds' work a run once caught up; a backlog drains over runs.
+    "retention-purge": {"task": "mtc.tasks.retention_purge", "schedule": 300.0},
 }
 # A poll still queued when its next round is due is stale: it expires instead of
 # piling up behind a slow worker (the overlap lock is mtc.polls.single_flight).
@@ -251,6 +252,50 @@ CELERY_TASK_ROUTES = [
 # beat's shelve is created with the umask's mode: a 0700 folder keeps it mtc's alone.
 (DATA_DIR / "celery").mkdir(mode=0o700, exist_ok=True)
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celery" / "celerybeat-schedule")
+
+
+def _retention_days(name: str, default: float) -> float:
+    """Days from the environment; 0 (or "none", "forever") keeps the rows forever."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("none", "forever", "never"):
+        return 0.0
+    try:
+        days = float(raw) if raw else float(default)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number of days, not {raw!r}") from None
+    if days < 0 or days != days:
+        raise ImproperlyConfigured(f"{name} must be 0 (keep forever) or more days, not {raw!r}")
+    return days
+
+
+# Retention (README, "Retention"): how many days finished rows, and the files that go
+# with them, are kept before the beat task mtc.tasks.retention_purge removes them.
+# Only finished things are ever purged: never a queued or running job, an active
+# operation, an open failure or repair, or a live endpoint.
+# Finished jobs (from their end): their events, metric points, output files and a
+# recipe run's directory; a job a model version was registered from is kept.
+MTC_RETENTION_JOBS_DAYS = _retention_days("MTC_RETENTION_JOBS_DAYS", 90)
+# Finished operations (create, resize, delete, repair), from their end.
+MTC_RETENTION_OPERATIONS_DAYS = _retention_days("MTC_RETENTION_OPERATIONS_DAYS", 90)
+# Finished repairs and resolved node failures: the repair history, MTTR, failures by mode.
+MTC_RETENTION_REPAIRS_DAYS = _retention_days("MTC_RETENTION_REPAIRS_DAYS", 180)
+# Health reports: every one for MTC_RETENTION_HEALTH_REPORTS_FULL_DAYS, then one per
+# node, source and hour until MTC_RETENTION_HEALTH_REPORTS_DAYS, then none.
+MTC_RETENTION_HEALTH_REPORTS_DAYS = _retention_days("MTC_RETENTION_HEALTH_REPORTS_DAYS", 14)
+MTC_RETENTION_HEALTH_REPORTS_FULL_DAYS = _retention_days(
+    "MTC_RETENTION_HEALTH_REPORTS_FULL_DAYS", 1
+)
+# Endpoint request records (the rate, latency and autoscaling figures look back minutes).
+MTC_RETENTION_ENDPOINT_REQUESTS_DAYS = _retention_days("MTC_RETENTION_ENDPOINT_REQUESTS_DAYS", 1)
+# An endpoint's history: its events, and its ended replicas with their run directories.
+MTC_RETENTION_ENDPOINT_HISTORY_DAYS = _retention_days("MTC_RETENTION_ENDPOINT_HISTORY_DAYS", 90)
+# A cluster's daemon and agent logs (log/ of a local cluster) not written to for this
+# long (a removed node's); a log still written to is cut to its newest half once it
+# passes MTC_RETENTION_LOG_MAX_MB (0: never cut).
+MTC_RETENTION_LOGS_DAYS = _retention_days("MTC_RETENTION_LOGS_DAYS", 30)
+MTC_RETENTION_LOG_MAX_MB = _retention_days("MTC_RETENTION_LOG_MAX_MB", 256)
+# Seconds one purge run may take; what is left waits for the next (every 5 minutes).
+MTC_RETENTION_RUN_S = float(os.environ.get("MTC_RETENTION_RUN_S", "20"))
 
 # Local provider limits (one host runs every node's slurmd).
 MTC_LOCAL_MAX_NODES_PER_CLUSTER = int(os.environ.get("MTC_LOCAL_MAX_NODES", "64"))

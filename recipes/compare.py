@@ -308,7 +308,9 @@ def _thin(points: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
 
 def _charts(comparison: Comparison) -> None:
     job_runs = [r for r in comparison.runs if r.job is not None]
-    series = selectors.job_metric_series([r.job.pk for r in job_runs]) if job_runs else {}
+    # Bounded per run (a run may have millions of steps), in one query for them all.
+    by_job = selectors.job_metric_series([r.job for r in job_runs], points=MAX_POINTS)
+    series = {pk: [(step, values) for step, _t, values in rows] for pk, rows in by_job.items()}
     for key, title in CURVES:
         traces = []
         for run in job_runs:

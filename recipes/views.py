@@ -19,7 +19,8 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
-from jobs.models import Job, JobMetric
+from jobs.models import Job
+from jobs.selectors import job_metric_points
 from jobs.views import SUBMIT_FAILURES, _cluster_or_404, _partitions, submit_failure_message
 
 from .catalog import RECIPES, Recipe
@@ -362,9 +363,9 @@ def recipe_job_series(job: Job) -> dict:
         return {}
     steps: list[int] = []
     columns: dict[str, list] = {key: [] for key in SERIES_KEYS}
-    for step, values in JobMetric.objects.filter(job=job).values_list("step", "values"):
+    # Downsampled (jobs.selectors.job_metric_points): a run may have millions of steps.
+    for step, _time, values in job_metric_points(job.pk).rows:
         steps.append(step)
-        values = values if isinstance(values, dict) else {}
         for key in SERIES_KEYS:
             columns[key].append(_finite(values.get(key)))
     series = {"step": steps}

@@ -37,9 +37,11 @@ def max_replicas_limit() -> int:
     return int(setting("MAX_REPLICAS", 16))
 
 
-def request_retention_s() -> float:
-    """How long the per-request records behind the figures are kept."""
-    return float(setting("REQUEST_RETENTION_S", 24 * 3600.0))
+def request_retention_s() -> float | None:
+    """How long the per-request records behind the figures are kept; None: forever
+    (MTC_RETENTION_ENDPOINT_REQUESTS_DAYS, README "Retention")."""
+    days = float(getattr(settings, "MTC_RETENTION_ENDPOINT_REQUESTS_DAYS", 1) or 0)
+    return days * 86400 if days > 0 else None
 
 
 def replica_threads() -> int:

@@ -127,4 +127,5 @@ class EndpointRequest(models.Model):
     replica_number = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["endpoint", "time"])]
+        # time alone: the retention purge deletes by age across every endpoint.
+        indexes = [models.Index(fields=["endpoint", "time"]), models.Index(fields=["time"])]

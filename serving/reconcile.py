@@ -330,5 +330,13 @@ def requests_prune(endpoint: Endpoint, now: datetime) -> None:
     """Drop request records past retention (once a minute per endpoint is plenty)."""
     if now.second >= 5:  # reconciles come every few seconds: one lands in each minute's start
         return
-    cutoff = now - timedelta(seconds=conf.request_retention_s())
-    EndpointRequest.objects.filter(endpoint=endpoint, time__lt=cutoff).delete()
+    keep_s = conf.request_retention_s()
+    if keep_s is None:
+        return
+    # One minute's worth at most here; a backlog goes in batches (serving.retention).
+    cutoff = now - timedelta(seconds=keep_s)
+    EndpointRequest.objects.filter(
+        pk__in=EndpointRequest.objects.filter(endpoint=endpoint, time__lt=cutoff).values("pk")[
+            :1000
+        ]
+    ).delete()

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
+from . import conf
 from .choices import DONE_REPLICA_STATES
 from .models import Endpoint, EndpointRequest, Replica
 
@@ -84,6 +85,9 @@ def endpoint_series(
 ) -> dict:
     """Request rate, errors and p50/p95/p99 latency per time bucket, oldest first."""
     now = now or timezone.now()
+    keep_s = conf.request_retention_s()
+    if keep_s is not None:  # never further back than the records are kept
+        window_s = max(60, min(window_s, int(keep_s)))
     bucket_s = max(2, math.ceil(window_s / SERIES_POINTS))
     start = now - timedelta(seconds=window_s)
     buckets: dict[int, list] = defaultdict(list)

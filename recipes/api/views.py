@@ -1,7 +1,7 @@
 """Recipes in the API: the catalog, launching, and a job's metric series."""
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -9,8 +9,9 @@ from rest_framework.views import APIView
 from clusters.models import Cluster
 from jobs.api.serializers import JobSerializer
 from jobs.api.views import ClusterJobsMixin, job_errors
-from jobs.models import JobMetric
+from jobs.selectors import METRIC_POINTS, METRIC_POINTS_MAX, job_metric_points
 from mtc.api.errors import ApiError
+from mtc.numbers import is_whole_number
 
 from ..catalog import RECIPES
 from ..launch import recipe_launch, recipe_plan
@@ -64,16 +65,55 @@ class RecipeLaunchView(APIView):
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
 
+def _step_param(request, name: str, *, low: int, high: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    if not is_whole_number(raw) or not low <= int(raw) <= high:
+        raise ApiError(
+            code="INVALID_ARGUMENT",
+            message=f"{name} must be a whole number from {low} to {high}.",
+            fields={name: f"Must be a whole number from {low} to {high}."},
+        )
+    return int(raw)
+
+
 class JobMetricsView(ClusterJobsMixin, APIView):
-    @extend_schema(responses={200: {"type": "object"}})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "points",
+                int,
+                description=f"At most this many points (3-{METRIC_POINTS_MAX}, default "
+                f"{METRIC_POINTS}): a longer run is downsampled to an even stride over its "
+                "steps, its first and last step kept.",
+            ),
+            OpenApiParameter("start_step", int, description="Only steps from this one on"),
+            OpenApiParameter("end_step", int, description="Only steps up to this one"),
+        ],
+        responses={200: {"type": "object"}},
+        description="The run's per-step series. `downsampled` says whether steps were "
+        "left out; `stride` is the distance between the steps returned, `first_step` and "
+        "`last_step` the range stored. Ask again with start_step/end_step to zoom in.",
+    )
     def get(self, request, cluster_id, job_id):
         job = self.job()
-        series = [
-            {"step": step, "time": time, **values}
-            for step, time, values in JobMetric.objects.filter(job=job).values_list(
-                "step", "time", "values"
-            )
-        ]
+        points = _step_param(request, "points", low=3, high=METRIC_POINTS_MAX)
+        start = _step_param(request, "start_step", low=0, high=2**31 - 1)
+        end = _step_param(request, "end_step", low=0, high=2**31 - 1)
+        window = job_metric_points(
+            job.pk, points=points or METRIC_POINTS, start_step=start, end_step=end
+        )
+        series = [{"step": step, "time": time, **values} for step, time, values in window.rows]
         return Response(
-            {"job_id": job.job_id, "recipe": job.recipe, "summary": job.metrics, "series": series}
+            {
+                "job_id": job.job_id,
+                "recipe": job.recipe,
+                "summary": job.metrics,
+                "first_step": window.first_step,
+                "last_step": window.last_step,
+                "downsampled": window.downsampled,
+                "stride": window.stride,
+                "series": series,
+            }
         )
