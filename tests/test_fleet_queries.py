@@ -29,9 +29,7 @@ def fleet(cluster_id: str, nodes: int) -> Cluster:
         spec=validate_cluster_spec(make_spec(cluster_id, nodes=nodes)),
         state="RUNNING",
     )
-    NodePool.objects.create(
-        cluster=cluster, pool_id="login", machine_type="local-2", is_login=True
-    )
+    NodePool.objects.create(cluster=cluster, pool_id="login", machine_type="local-2", is_login=True)
     pool = NodePool.objects.create(
         cluster=cluster,
         pool_id="gpu",
