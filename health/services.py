@@ -152,9 +152,12 @@ def agent_report_accept(*, node: Node, report: dict) -> HealthReport | None:
         )
 
 
-def deep_check_request(*, node: Node) -> dict | None:
+def deep_check_request(*, node: Node, report: HealthReport | None = None) -> dict | None:
     """One deeper DCGM round for the node's next report, once per unresolved failure (a
-    suspicion to confirm or clear); None when there is nothing new to look into."""
+    suspicion to confirm or clear); None when there is nothing new to look into (known
+    without a query when ingesting ``report`` found the node with none)."""
+    if report is not None and getattr(report, "nothing_unresolved", False):
+        return None
     fresh = NodeFailure.objects.filter(node=node, deep_check_time__isnull=True).exclude(
         state=FailureState.RESOLVED
     )
@@ -206,6 +209,11 @@ def report_ingest(
     row = HealthReport.objects.create(
         node=node, time=when, source=source, ok=not findings, checks=checks, findings=findings
     )
+    if stamped and not findings and node.health == NodeHealth.HEALTHY:
+        # The usual round: a healthy node (no unresolved failure: its health says so, read
+        # in this request) with nothing found has nothing to open, close or refresh.
+        row.nothing_unresolved = True
+        return row
     failures_update(node=node, findings=findings, source=source, pushed=pushed)
     return row
 

@@ -222,7 +222,7 @@ class AgentReportView(APIView):
             "ok": report.ok,
             "findings": [f["code"] for f in report.findings],
         }
-        deeper = services.deep_check_request(node=node)
+        deeper = services.deep_check_request(node=node, report=report)
         if deeper:
             answer["next_round"] = deeper
         return Response(answer, status=status.HTTP_202_ACCEPTED)
