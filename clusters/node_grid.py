@@ -12,10 +12,11 @@ from django.utils.safestring import SafeString, mark_safe
 
 from mtc.templatetags.mtc_ui import gpu_label, health_tone, humanize_state, node_tone
 
-from .models import Cluster, Node
+from .models import Cluster
 
 
-def _tile(node: Node, href_prefix: str) -> str:
+def _tile(node, href_prefix: str) -> str:
+    """One tile; ``node``: a Node or a row of selectors.NODE_TILE_FIELDS."""
     name, state, health = escape(node.name), escape(node.slurm_state), escape(node.health)
     health_words = escape(humanize_state(node.health))
     reason, message = escape(node.slurm_reason), escape(node.health_message)
@@ -53,7 +54,7 @@ def _tile(node: Node, href_prefix: str) -> str:
     )
 
 
-def node_grid_tiles(cluster: Cluster, nodes: Iterable[Node]) -> SafeString:
+def node_grid_tiles(cluster: Cluster, nodes: Iterable) -> SafeString:
     """Every tile, escaped; the node links share the cluster's prefix (one reverse)."""
     sample = reverse("health:node", args=[cluster.cluster_id, "n"])
     prefix = sample[: -len("n/")]

@@ -115,7 +115,7 @@ def cluster_list(request):
 
 def _live_context(cluster: Cluster) -> dict:
     """What changes while the cluster works: state, pools, nodes, operations."""
-    nodes = list(selectors.cluster_nodes(cluster))
+    nodes = selectors.cluster_node_tiles(cluster)
     operations = selectors.cluster_operations(cluster)
     active = next(
         (
