@@ -161,3 +161,16 @@ def test_slow_node_is_still_judged_against_the_pool():
     assert HealthReport.objects.filter(node=slow).first().ok is False
     pool = NodePool.objects.get(cluster=cluster, pool_id="gpu")
     assert pool.speed_median == pytest.approx(10.0)
+
+
+def test_the_node_grid_escapes_what_nodes_report(operator):
+    cluster = fleet("esc", 2)
+    Node.objects.filter(cluster=cluster, index=0).update(
+        health="FAILED", health_message='<b>"x"</b>', slurm_reason="<i>r</i>"
+    )
+    client = APIClient()
+    client.force_login(operator)
+    page = client.get("/clusters/esc/fragment/").content.decode()
+    assert "<b>" not in page and "<i>r</i>" not in page
+    assert "&lt;b&gt;&quot;x&quot;&lt;/b&gt;" in page
+    assert 'href="/clusters/esc/nodes/esc-gpu-1/"' in page
