@@ -449,6 +449,9 @@ def repair_request(*, node: Node, action: str, requested_by) -> Repair:
             first_seen=now,
             last_seen=now,
         )
+        # Its health says so at once: ingest takes a healthy node's health as proof that
+        # it has no unresolved failure (report_ingest).
+        node_health_refresh(node)
     # The operator is the second signal a destructive repair needs (policy.py).
     NodeFailure.objects.filter(pk=failure.pk, confirmed_by="").update(confirmed_by="operator")
     failure.confirmed_by = failure.confirmed_by or "operator"
