@@ -46,6 +46,10 @@ class NodePool(models.Model):
     is_login = models.BooleanField(default=False)
     partitions = models.JSONField(default=list, help_text="Slurm partitions this pool is in.")
     target_node_count = models.PositiveIntegerField(default=0)
+    # The median of its nodes' latest speed figures (health's speed check), kept for a
+    # short while so that a report is judged without reading the whole pool each time.
+    speed_median = models.FloatField(null=True, blank=True)
+    speed_median_time = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["cluster", "pool_id"]
@@ -71,6 +75,8 @@ class Node(models.Model):
     health = models.CharField(max_length=40, default="UNKNOWN")
     health_message = models.CharField(max_length=300, blank=True)
     last_report_time = models.DateTimeField(null=True, blank=True)
+    # GFLOP/s of the speed check in the agent's latest report (None: it had none).
+    speed_gflops = models.FloatField(null=True, blank=True)
     agent_token_hash = models.CharField(max_length=64, blank=True)
     gpus = models.PositiveIntegerField(default=0)
     gpu_type = models.CharField(max_length=40, blank=True)

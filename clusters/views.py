@@ -23,6 +23,7 @@ from . import forms, selectors, services
 from .choices import OPERATION_ACTIVE_STATES, ClusterState, OperationKind, OperationState
 from .extensions import cluster_detail_context
 from .models import Cluster
+from .node_grid import node_grid_tiles
 from .providers import ProviderError, get_provider
 
 CLUSTERS_PER_PAGE = 50
@@ -114,7 +115,7 @@ def cluster_list(request):
 
 def _live_context(cluster: Cluster) -> dict:
     """What changes while the cluster works: state, pools, nodes, operations."""
-    nodes = list(selectors.cluster_nodes(cluster))
+    nodes = selectors.cluster_node_tiles(cluster)
     operations = selectors.cluster_operations(cluster)
     active = next(
         (
@@ -152,6 +153,7 @@ def _live_context(cluster: Cluster) -> dict:
     return {
         "cluster": cluster,
         "nodes": nodes,
+        "node_tiles": node_grid_tiles(cluster, nodes),
         "node_groups": _group_counts(Counter(n.slurm_state for n in nodes).items()),
         "pools": pools,
         "partitions": partitions,

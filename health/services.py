@@ -1,19 +1,22 @@
 """Writes on node health: reports in, failures classified, repairs planned and
-dispatched within the policy's limits."""
+dispatched within the policy's limits.
+
+Past 400 lines: ingest and repair planning share the failure rows and the rule of one
+repair per node; split apart, each half would import the other."""
 
 from __future__ import annotations
 
 import logging
 import math
 import statistics
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from clusters.choices import OperationKind
-from clusters.models import Cluster, Node, Operation
+from clusters.models import Cluster, Node, NodePool, Operation
 
 from .choices import (
     REPAIR_ACTIVE_STATES,
@@ -50,34 +53,59 @@ class RepairConflict(Exception):
 
 
 # --- reports -> failures ---------------------------------------------------
-def _pool_median_speed(node: Node) -> float | None:
-    """The median of the latest speed figure of each node in the pool (>= 3 nodes),
-    in two queries whatever the pool's size."""
-    latest = (
-        HealthReport.objects.filter(node__pool_id=node.pool_id, source="agent")
-        .values("node_id")
-        .annotate(last=Max("id"))
-        .values_list("last", flat=True)
+# How long a pool's median speed is reused before it is read again from its nodes.
+MEDIAN_TTL = timedelta(seconds=10)
+
+
+def _speed_of(checks: list[dict]) -> float | None:
+    """GFLOP/s of the report's speed check, None when it has none."""
+    mine = next((c for c in checks if isinstance(c, dict) and c.get("name") == "speed"), None)
+    details = (mine or {}).get("details")
+    gflops = details.get("gflops") if isinstance(details, dict) else None
+    try:
+        return float(gflops) if gflops else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _pool_median_speed(node: Node, *, fresh: bool = False) -> float | None:
+    """The median of the latest speed figure of each node in the pool (>= 3 nodes).
+
+    The pool keeps it for MEDIAN_TTL: reports arrive from every node every round, and
+    reading the whole pool for each would make ingest grow with the pool. ``fresh``
+    (or no figure kept yet) reads the nodes: one query, the figures only."""
+    pool = node.pool
+    now = timezone.now()
+    kept = pool.speed_median_time
+    if not fresh and pool.speed_median is not None and kept and now - kept < MEDIAN_TTL:
+        return pool.speed_median
+    speeds = list(
+        Node.objects.filter(pool_id=node.pool_id, speed_gflops__isnull=False).values_list(
+            "speed_gflops", flat=True
+        )
     )
-    speeds = []
-    for checks in HealthReport.objects.filter(id__in=list(latest)).values_list("checks", flat=True):
-        for check in checks:
-            if check.get("name") == "speed" and check.get("details", {}).get("gflops"):
-                speeds.append(float(check["details"]["gflops"]))
-    return statistics.median(speeds) if len(speeds) >= 3 else None
+    median = statistics.median(speeds) if len(speeds) >= 3 else None
+    NodePool.objects.filter(pk=node.pool_id).update(speed_median=median, speed_median_time=now)
+    pool.speed_median, pool.speed_median_time = median, now
+    return median
 
 
-def _speed_findings(node: Node, checks: list[dict]) -> list[dict]:
-    mine = next((c for c in checks if c.get("name") == "speed"), None)
-    gflops = (mine or {}).get("details", {}).get("gflops")
+def _speed_findings(node: Node, gflops: float | None) -> list[dict]:
+    """SLOW_NODE when this report and the SLOW_ROUNDS - 1 before it are all far below the
+    pool's median. The node's own figure is stored (Node.speed_gflops) before this runs."""
+    if not gflops:
+        return []
     median = _pool_median_speed(node)
-    if not (gflops and median and float(gflops) < SLOW_FRACTION * median):
+    if median is not None and gflops >= SLOW_FRACTION * median:
+        return []  # the usual case: no query beyond the kept median
+    # Slow against the kept median (or none kept): judge against the pool as it is now.
+    median = _pool_median_speed(node, fresh=True)
+    if not (median and gflops < SLOW_FRACTION * median):
         return []
     # One slow round can be a busy host; SLOW_NODE needs the round before too.
-    earlier = node.health_reports.filter(source="agent").only("checks")[1:SLOW_ROUNDS]
+    earlier = list(node.health_reports.filter(source="agent").only("checks")[: SLOW_ROUNDS - 1])
     for report in earlier:
-        speed = next((c for c in report.checks if c.get("name") == "speed"), {})
-        if not float(speed.get("details", {}).get("gflops") or 0) < SLOW_FRACTION * median:
+        if not (_speed_of(report.checks) or 0) < SLOW_FRACTION * median:
             return []
     if len(earlier) == SLOW_ROUNDS - 1:
         return [
@@ -85,7 +113,7 @@ def _speed_findings(node: Node, checks: list[dict]) -> list[dict]:
                 "code": "SLOW_NODE",
                 "severity": Severity.CRITICAL,
                 "check": "speed",
-                "message": f"{float(gflops):.2f} GFLOP/s against the pool's median "
+                "message": f"{gflops:.2f} GFLOP/s against the pool's median "
                 f"{median:.2f} (below {SLOW_FRACTION:.0%})",
             }
         ]
@@ -104,17 +132,32 @@ def agent_report_accept(*, node: Node, report: dict) -> HealthReport | None:
     """A report the node's agent delivered: POSTed to the API, or read from the health.json
     it also writes (the poller's fallback when the API is out of reach). Stored once, by
     whichever way arrives first; a report no newer than the node's last is dropped (a
-    duplicate, or a late retry that would reopen what a repair has closed since)."""
+    duplicate, or a late retry that would reopen what a repair has closed since).
+
+    One transaction, and a fixed number of queries whatever the size of the pool or the
+    node's history (tests/test_fleet_queries.py holds it)."""
     when = report_time(report)
+    checks = report.get("checks") if isinstance(report.get("checks"), list) else []
+    gflops = _speed_of(checks)
     newer = Q(last_report_time__isnull=True) | Q(last_report_time__lt=when)
-    if not Node.objects.filter(newer, pk=node.pk).update(last_report_time=when):
-        return None
-    return report_ingest(node=node, report={**report, "time": when.timestamp()}, pushed=True)
+    with transaction.atomic():
+        # The guard and the node's figures in one write.
+        if not Node.objects.filter(newer, pk=node.pk).update(
+            last_report_time=when, speed_gflops=gflops
+        ):
+            return None
+        node.last_report_time, node.speed_gflops = when, gflops
+        return report_ingest(
+            node=node, report={**report, "time": when.timestamp()}, pushed=True, stamped=True
+        )
 
 
-def deep_check_request(*, node: Node) -> dict | None:
+def deep_check_request(*, node: Node, report: HealthReport | None = None) -> dict | None:
     """One deeper DCGM round for the node's next report, once per unresolved failure (a
-    suspicion to confirm or clear); None when there is nothing new to look into."""
+    suspicion to confirm or clear); None when there is nothing new to look into (known
+    without a query when ingesting ``report`` found the node with none)."""
+    if report is not None and getattr(report, "nothing_unresolved", False):
+        return None
     fresh = NodeFailure.objects.filter(node=node, deep_check_time__isnull=True).exclude(
         state=FailureState.RESOLVED
     )
@@ -132,10 +175,16 @@ def deep_check_request(*, node: Node) -> dict | None:
 
 
 def report_ingest(
-    *, node: Node, report: dict, source: str = "agent", pushed: bool = False
+    *,
+    node: Node,
+    report: dict,
+    source: str = "agent",
+    pushed: bool = False,
+    stamped: bool = False,
 ) -> HealthReport:
     """Store a report and classify its findings into failures. ``pushed``: the node's agent
-    sent it (API or health.json), a claim; else mtc ran the checks itself (controller side)."""
+    sent it (API or health.json), a claim; else mtc ran the checks itself (controller side).
+    ``stamped``: the node's last_report_time and speed figure are written already."""
     checks = report.get("checks") if isinstance(report.get("checks"), list) else []
     findings = [
         {
@@ -151,18 +200,64 @@ def report_ingest(
         if isinstance(f, dict) and f.get("code")
     ]
     when = report_time(report)
+    if source == "agent":
+        gflops = _speed_of(checks)
+        if not stamped:
+            Node.objects.filter(pk=node.pk).update(last_report_time=when, speed_gflops=gflops)
+        # Judged before the row is written, so the row is written once, with the verdict.
+        findings += _speed_findings(node, gflops)
     row = HealthReport.objects.create(
         node=node, time=when, source=source, ok=not findings, checks=checks, findings=findings
     )
-    if source == "agent":
-        Node.objects.filter(pk=node.pk).update(last_report_time=when)
-        # The speed check is judged against the pool, with this report included.
-        extra = _speed_findings(node, checks)
-        if extra:
-            findings += extra
-            HealthReport.objects.filter(pk=row.pk).update(findings=findings, ok=False)
+    if stamped and not findings and node.health == NodeHealth.HEALTHY:
+        # The usual round: a healthy node (no unresolved failure: its health says so, read
+        # in this request) with nothing found has nothing to open, close or refresh.
+        row.nothing_unresolved = True
+        return row
     failures_update(node=node, findings=findings, source=source, pushed=pushed)
     return row
+
+
+def _unresolved(node: Node) -> dict[str, NodeFailure]:
+    """The node's unresolved failures by mode (at most one each: a constraint)."""
+    return {
+        f.mode: f
+        for f in NodeFailure.objects.filter(node_id=node.pk).exclude(state=FailureState.RESOLVED)
+    }
+
+
+def _failures_open(node: Node, new: list[tuple[dict, object]], pushed: bool, now) -> list:
+    """Insert the failures of newly seen modes, in one statement; when a concurrent report
+    opened one of them first, each is taken one at a time (that one is then not new)."""
+    rows = [
+        NodeFailure(
+            cluster_id=node.cluster_id,
+            node_id=node.pk,
+            mode=mode.code,
+            severity=mode.severity,
+            message=finding["message"],
+            first_seen=now,
+            last_seen=now,
+            state=FailureState.OPEN,
+            confirmed_by="" if pushed else "controller",
+        )
+        for finding, mode in new
+    ]
+    try:
+        with transaction.atomic():
+            return NodeFailure.objects.bulk_create(rows)
+    except IntegrityError:
+        pass
+    created = []
+    for row in rows:
+        try:
+            with transaction.atomic():
+                row.save(force_insert=True)
+        except IntegrityError:  # a concurrent report opened it
+            row.pk = None
+            continue
+        created.append(row)
+    return created
 
 
 def failures_update(
@@ -171,46 +266,55 @@ def failures_update(
     """Open failures for new critical modes, refresh the ones seen again (a second sighting
     confirms a failure), and close warnings that are gone. Then plan repairs for what is
     open and has none: new failures, and those seen again after a drain held for a second
-    signal."""
+    signal. A fixed number of queries whatever the number of findings."""
     now = timezone.now()
-    opened, again = [], []
     sighting = "repeat" if pushed else "controller"
+    current = _unresolved(node)
+    new: list[tuple[dict, object]] = []
+    again: list[NodeFailure] = []
+    seen_modes: set[str] = set()
     for finding in findings:
         mode = mode_for(finding["code"])
-        try:
-            with transaction.atomic():
-                failure, created = NodeFailure.objects.get_or_create(
-                    node=node,
-                    mode=mode.code,
-                    state__in=[FailureState.OPEN, FailureState.REPAIRING],
-                    defaults=dict(
-                        cluster_id=node.cluster_id,
-                        severity=mode.severity,
-                        message=finding["message"],
-                        first_seen=now,
-                        last_seen=now,
-                        state=FailureState.OPEN,
-                        confirmed_by="" if pushed else "controller",
-                    ),
-                )
-        except IntegrityError:  # a concurrent report opened it
+        if mode.code in seen_modes:
+            continue  # one report is one sighting, however many GPUs show the mode
+        seen_modes.add(mode.code)
+        failure = current.get(mode.code)
+        if failure is None:
+            new.append((finding, mode))
             continue
-        if not created:
-            failure.confirmed_by = failure.confirmed_by or sighting
-            NodeFailure.objects.filter(pk=failure.pk).update(
-                last_seen=now, confirmed_by=failure.confirmed_by
-            )
-            if mode.severity == Severity.CRITICAL and failure.state == FailureState.OPEN:
-                again.append(failure)
-        elif mode.severity == Severity.CRITICAL:
-            opened.append(failure)
+        failure.confirmed_by = failure.confirmed_by or sighting
+        failure.last_seen = now
+        if mode.severity == Severity.CRITICAL and failure.state == FailureState.OPEN:
+            again.append(failure)
+    refreshed = [current[code] for code in seen_modes if code in current]
+    if refreshed:
+        NodeFailure.objects.filter(pk__in=[f.pk for f in refreshed]).update(
+            last_seen=now,
+            confirmed_by=Case(
+                When(confirmed_by="", then=Value(sighting)), default=F("confirmed_by")
+            ),
+        )
+    created = _failures_open(node, new, pushed, now) if new else []
+    opened = [f for f in created if f.severity == Severity.CRITICAL]
+    for failure in created:
+        current[failure.mode] = failure
     seen = {f["code"] for f in findings}
-    if source != "agent":  # the controller sees only liveness; it cannot clear warnings
-        seen |= set(NodeFailure.objects.filter(node=node).values_list("mode", flat=True))
-    NodeFailure.objects.filter(
-        node=node, state=FailureState.OPEN, severity=Severity.WARNING
-    ).exclude(mode__in=seen).update(state=FailureState.RESOLVED, resolved_time=now)
-    node_health_refresh(node)
+    # The controller sees only liveness; it cannot clear warnings.
+    gone = [
+        f
+        for f in current.values()
+        if source == "agent"
+        and f.state == FailureState.OPEN
+        and f.severity == Severity.WARNING
+        and f.mode not in seen
+    ]
+    if gone:
+        NodeFailure.objects.filter(pk__in=[f.pk for f in gone], state=FailureState.OPEN).update(
+            state=FailureState.RESOLVED, resolved_time=now
+        )
+        for failure in gone:
+            current.pop(failure.mode, None)
+    _node_health_write(node, current.values())
     due = opened + [f for f in again if next_action(f.mode, f.repair_attempts) is not None]
     if due:
         # One repair at a time per node: the one whose action reaches deepest.
@@ -222,22 +326,26 @@ def failures_update(
     return opened
 
 
-def node_health_refresh(node: Node) -> None:
-    open_failures = list(
-        NodeFailure.objects.filter(node=node)
-        .exclude(state=FailureState.RESOLVED)
-        .values_list("mode", "severity", "state")
-    )
-    if any(state == FailureState.REPAIRING for _, _, state in open_failures):
+def _node_health_write(node: Node, unresolved) -> None:
+    """The node's health from its unresolved failures; written only when it changed."""
+    states = [(f.mode, f.severity, f.state) for f in unresolved]
+    if any(state == FailureState.REPAIRING for _, _, state in states):
         health = NodeHealth.REPAIRING
-    elif any(sev == Severity.CRITICAL for _, sev, _ in open_failures):
+    elif any(sev == Severity.CRITICAL for _, sev, _ in states):
         health = NodeHealth.FAILED
-    elif open_failures:
+    elif states:
         health = NodeHealth.WARNING
     else:
         health = NodeHealth.HEALTHY
-    message = ", ".join(sorted({mode for mode, _, _ in open_failures}))
-    Node.objects.filter(pk=node.pk).update(health=health, health_message=message[:300])
+    message = ", ".join(sorted({mode for mode, _, _ in states}))[:300]
+    Node.objects.filter(pk=node.pk).exclude(health=health, health_message=message).update(
+        health=health, health_message=message
+    )
+    node.health, node.health_message = health, message
+
+
+def node_health_refresh(node: Node) -> None:
+    _node_health_write(node, _unresolved(node).values())
 
 
 # --- repairs ---------------------------------------------------------------
@@ -341,6 +449,9 @@ def repair_request(*, node: Node, action: str, requested_by) -> Repair:
             first_seen=now,
             last_seen=now,
         )
+        # Its health says so at once: ingest takes a healthy node's health as proof that
+        # it has no unresolved failure (report_ingest).
+        node_health_refresh(node)
     # The operator is the second signal a destructive repair needs (policy.py).
     NodeFailure.objects.filter(pk=failure.pk, confirmed_by="").update(confirmed_by="operator")
     failure.confirmed_by = failure.confirmed_by or "operator"

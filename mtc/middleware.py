@@ -48,3 +48,31 @@ class NulInUrlMiddleware:
                 return api_error_response("INVALID_ARGUMENT", message, status=400)
             return HttpResponseBadRequest(message, content_type="text/plain")
         return self.get_response(request)
+
+
+class ServerTimingMiddleware:
+    """With MTC_SERVER_TIMING=1 (bench/fleet.py), each response says how long the server
+    took and how many queries it made: ``Server-Timing: app;dur=12.3, db;desc="7"``.
+    Off by default: it would tell every client how busy the database is."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        import time
+
+        from django.db import connection
+
+        count = 0
+
+        def counted(execute, sql, params, many, context):
+            nonlocal count
+            count += 1
+            return execute(sql, params, many, context)
+
+        start = time.perf_counter()
+        with connection.execute_wrapper(counted):
+            response = self.get_response(request)
+        ms = (time.perf_counter() - start) * 1000
+        response["Server-Timing"] = f'app;dur={ms:.1f}, db;desc="{count}"'
+        return response

@@ -109,6 +109,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+if os.environ.get("MTC_SERVER_TIMING") == "1":
+    # Outermost, so the figures cover every middleware too.
+    MIDDLEWARE.insert(0, "mtc.middleware.ServerTimingMiddleware")
 
 ROOT_URLCONF = "mtc.urls"
 CSRF_FAILURE_VIEW = "mtc.api.errors.csrf_failure"

@@ -342,11 +342,18 @@ class LocalProvider(LocalNodes, Provider):
         root = self.root(cluster)
         for sub in ("etc", "run", "log", "state", "nodes"):
             (root / sub).mkdir(parents=True, exist_ok=True)
+        fresh = []
         for node in nodes:
             for sub in ("spool", "scratch"):
                 (self.node_dir(cluster, node.name) / sub).mkdir(parents=True, exist_ok=True)
             if not (self.node_dir(cluster, node.name) / "agent.json").exists():
-                self.node_setup(cluster, node)
+                fresh.append(node)
+        # New nodes' files (shim, agent config) side by side; their tokens after, on
+        # this thread: the database connection is this thread's.
+        with ThreadPoolExecutor(max_workers=NODE_STARTS_AT_ONCE) as pool:
+            list(pool.map(lambda n: self.node_setup(cluster, n, token=False), fresh))
+        for node in fresh:
+            self.agent_token_write(cluster, node)
         self._protect(root, nodes)
         self._ensure_munged(cluster)
         self.health_check_write(cluster)  # slurm.conf names it; slurmd runs it at start
@@ -382,8 +389,7 @@ class LocalProvider(LocalNodes, Provider):
         # nodes have registered: on a laptop's cores they would slow the HealthCheckProgram
         # rounds slurmd runs before it registers a node.
         if settings.MTC_LOCAL_NODE_AGENTS:
-            for node in nodes:
-                self.start_node_agent(cluster, node, interval=settings.MTC_AGENT_INTERVAL_S)
+            self.start_node_agents(cluster, nodes, interval=settings.MTC_AGENT_INTERVAL_S)
 
     def _protect(self, root: Path, nodes: list[Node]) -> None:
         """Jobs run as their owners under these daemons: they may pass through to what

@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,9 +58,12 @@ class LocalNodes:
     """Mixed into LocalProvider (which supplies root(), node_dir(), conf_path(), ...)."""
 
     # --- set-up ----------------------------------------------------------
-    def node_setup(self, cluster: Cluster, node: Node, *, keep_faults: tuple = ()) -> None:
+    def node_setup(
+        self, cluster: Cluster, node: Node, *, keep_faults: tuple = (), token: bool = True
+    ) -> None:
         """Shim (emulated GPUs) and agent config for a node; faults in ``keep_faults``
-        carry over (a reboot or reimage does not heal hardware)."""
+        carry over (a reboot or reimage does not heal hardware). ``token=False``: files
+        only (safe in a thread); the caller writes the token (a database write)."""
         node_dir = self.node_dir(cluster, node.name)
         kept = {}
         if (node_dir / "faults.json").exists():
@@ -91,7 +95,8 @@ class LocalNodes:
             }
         )
         config_path.write_text(json.dumps(config, indent=2))
-        self.agent_token_write(cluster, node)
+        if token:
+            self.agent_token_write(cluster, node)
 
     def agent_token_write(self, cluster: Cluster, node: Node) -> Path:
         """A new token for the node's agent (the database keeps only its hash), in a file
@@ -207,7 +212,23 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         return json.loads(lines[-1]) if lines else None
 
-    def start_node_agent(self, cluster: Cluster, node: Node, *, interval: float) -> None:
+    def start_node_agents(self, cluster: Cluster, nodes: list[Node], *, interval: float) -> None:
+        """start_node_agent for each node: the tokens on this thread (database), the
+        processes side by side (each fork and exec of a Python takes a while)."""
+        token_files = {n.pk: self._agent_token_file(cluster, n) for n in nodes}
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(
+                pool.map(
+                    lambda n: self.start_node_agent(
+                        cluster, n, interval=interval, token_file=token_files[n.pk]
+                    ),
+                    nodes,
+                )
+            )
+
+    def start_node_agent(
+        self, cluster: Cluster, node: Node, *, interval: float, token_file: Path | None = None
+    ) -> None:
         """The node's agent as a daemon: a report every ``interval`` seconds POSTed to the
         API with the node's token, and written to health.json, which the poller reads
         when a report did not get through."""
@@ -215,7 +236,7 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
         pidfile = self.root(cluster) / "run" / f"agent-{node.name}.pid"
         if procs.daemon_pid(pidfile, str(node_dir / "agent.json")):
             return
-        token_file = self._agent_token_file(cluster, node)
+        token_file = token_file or self._agent_token_file(cluster, node)
         args = self._agent_args(
             cluster,
             node,

@@ -188,7 +188,10 @@ class AgentReportView(APIView):
         "stored; 401: not the node's token; 413: larger than 256 KiB.",
     )
     def post(self, request, cluster_id, node):
-        node = _node(cluster_id, node)
+        # The pool comes along (its kept median speed); the cluster row is not needed.
+        node = get_object_or_404(
+            Node.objects.select_related("pool"), cluster__cluster_id=cluster_id, name=node
+        )
         try:
             size = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
@@ -222,7 +225,7 @@ class AgentReportView(APIView):
             "ok": report.ok,
             "findings": [f["code"] for f in report.findings],
         }
-        deeper = services.deep_check_request(node=node)
+        deeper = services.deep_check_request(node=node, report=report)
         if deeper:
             answer["next_round"] = deeper
         return Response(answer, status=status.HTTP_202_ACCEPTED)
