@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from typing import Any
 
 from django.contrib import messages
@@ -105,6 +106,7 @@ def _preview(plan: LaunchPlan, body: dict) -> dict:
         "run_json": json.dumps(plan.run_config, indent=2),
         "run_dir": str(plan.run_dir),
         "options": options,
+        "sbatch": " ".join(shlex.quote(a) for a in plan.options or []),
         "api_body": json.dumps(body, indent=2),
     }
 

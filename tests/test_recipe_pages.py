@@ -236,6 +236,8 @@ def test_launch_page_shows_defaults_and_the_preview_script(user_client, cluster,
     config = json.loads(run_json)
     assert config["recipe"] == "llama-pretrain" and config["steps"] == 60
     assert config["precision"] == "fp32"  # emulated GPUs: CPU training
+    sbatch = re.search(r'data-testid="preview-sbatch">(.*?)</code>', text, re.S).group(1)
+    assert sbatch.startswith("sbatch ") and "--gpus-per-node=8" in sbatch and "--mem=0" in sbatch
     assert 'data-testid="launch-button"' in text and "disabled" not in re.search(
         r'<button[^>]*data-testid="launch-button"[^>]*>', text
     ).group(0)
