@@ -2,8 +2,8 @@
 
 One table (``NCCL_ENV``), each entry with the Google Cloud page it follows. The batch
 script sources the machine image's own profile script where it is there (it tracks
-the plugin version on the node) and then sets the documented values, so a node
-without the profile still gets them. Django-free: it reads the cluster spec only.
+the plugin version on the node) and sets the documented values only on a node
+without it. Django-free: it reads the cluster spec only.
 """
 
 from __future__ import annotations
@@ -103,7 +103,11 @@ def env_block(machine_type: str, *, gpus: bool) -> str:
     nccl = NCCL_ENV.get(machine_type) if gpus else None
     if nccl is not None:
         lines.append(f"# NCCL over {nccl.name} on {machine_type}, as {nccl.source}")
-        # set +u: the profile is the image's, written without `set -u` in mind.
-        lines.append(f"if [ -f {nccl.profile} ]; then set +u; source {nccl.profile}; set -u; fi")
-        lines += [f'export {k}="{v}"' for k, v in nccl.env]
+        # The image's own profile tracks its plugin version: it wins where it is there
+        # (set +u: it is written without `set -u` in mind); the table is the fallback.
+        lines.append(f"if [ -f {nccl.profile} ]; then")
+        lines.append(f"  set +u; source {nccl.profile}; set -u")
+        lines.append("else")
+        lines += [f'  export {k}="{v}"' for k, v in nccl.env]
+        lines.append("fi")
     return "\n".join(lines)
