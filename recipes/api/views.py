@@ -11,13 +11,20 @@ from jobs.api.serializers import JobSerializer
 from jobs.api.views import ClusterJobsMixin, job_errors
 from jobs.models import JobMetric
 from mtc.api.errors import ApiError
+from mtc.api.schema import errors
 
 from ..catalog import RECIPES
 from ..launch import recipe_launch, recipe_plan
+from .serializers import (
+    JobMetricsSerializer,
+    LaunchPlanSerializer,
+    LaunchSerializer,
+    RecipeListSerializer,
+)
 
 
 class RecipeListView(APIView):
-    @extend_schema(responses={200: {"type": "object"}})
+    @extend_schema(operation_id="recipes_list", responses={200: RecipeListSerializer})
     def get(self, request):
         results = [recipe.describe() for recipe in RECIPES.values()]
         return Response({"count": len(results), "results": results})
@@ -25,8 +32,13 @@ class RecipeListView(APIView):
 
 class RecipeLaunchView(APIView):
     @extend_schema(
-        request={"application/json": {"type": "object"}},
-        responses={201: JobSerializer, 200: {"type": "object"}},
+        operation_id="recipes_launch",
+        request=LaunchSerializer,
+        responses={
+            201: JobSerializer,
+            200: LaunchPlanSerializer,
+            **errors(400, 403, 409, 503),
+        },
         description='Body: {"nodes": 2, "partition": "gpu", "overrides": {"model": "tiny", '
         '"steps": 60}}. With "dry_run": true, answers 200 with the rendered batch script '
         'and the parameters, and submits nothing. "register_as": "<model>" registers the '
@@ -63,7 +75,11 @@ class RecipeLaunchView(APIView):
 
 
 class JobMetricsView(ClusterJobsMixin, APIView):
-    @extend_schema(responses={200: {"type": "object"}})
+    @extend_schema(
+        operation_id="jobs_metrics",
+        responses={200: JobMetricsSerializer, **errors(400)},
+        description="A recipe job's metric series.",
+    )
     def get(self, request, cluster_id, job_id):
         job = self.job()
         series = [
