@@ -16,7 +16,9 @@ api_v1 = [
     path("", include("health.api.urls")),
     path("", include("registry.api.urls")),
     path("", include("serving.api.urls")),
-    re_path(r"^.*$", probes.api_not_found),  # JSON, not the HTML 404 page
+    re_path(
+        r"^(?s:.*)$", probes.api_not_found
+    ),  # JSON, not the HTML 404 page (even past a newline)
 ]
 
 urlpatterns = [

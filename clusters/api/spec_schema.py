@@ -11,17 +11,16 @@ from ..spec import ID_RE, LABEL_VALUE_RE, MACHINE_TYPE_RE, PROVIDERS, PROVISIONI
 ID = ID_RE.pattern
 
 
-def _optional(field: serializers.Field) -> serializers.Field:
-    # The validator reads null as "not given" for every optional field.
-    field.required = False
-    field.allow_null = True
-    return field
+# The validator reads null as "not given" for every optional field. (Passed to each field:
+# DRF rebuilds bound fields from their arguments, so setting attributes later is lost.)
+OPTIONAL = {"required": False, "allow_null": True}
+OPTIONAL_TEXT = {**OPTIONAL, "allow_blank": True}  # "" reads as "not given" too
 
 
 class ScalingSpecSerializer(serializers.Serializer):
     min_node_count = serializers.IntegerField(min_value=0)
-    max_node_count = _optional(
-        serializers.IntegerField(min_value=0, help_text="Default: min_node_count")
+    max_node_count = serializers.IntegerField(
+        min_value=0, help_text="Default: min_node_count", **OPTIONAL
     )
 
 
@@ -29,33 +28,33 @@ class MachineSpecSerializer(serializers.Serializer):
     machine_type = serializers.RegexField(
         MACHINE_TYPE_RE.pattern, help_text="e.g. a3-ultragpu-8g; local-N on the local provider"
     )
-    accelerator_type = _optional(serializers.CharField(help_text="e.g. NVIDIA_H200_141GB"))
-    accelerator_count = _optional(serializers.IntegerField(min_value=0, max_value=16))
-    reservation_affinity = _optional(serializers.DictField())
+    accelerator_type = serializers.CharField(help_text="e.g. NVIDIA_H200_141GB", **OPTIONAL_TEXT)
+    accelerator_count = serializers.IntegerField(min_value=0, max_value=16, **OPTIONAL)
+    reservation_affinity = serializers.DictField(**OPTIONAL)
 
 
 class NodePoolSpecSerializer(serializers.Serializer):
     id = serializers.RegexField(ID)
     machine_spec = MachineSpecSerializer()
     scaling_spec = ScalingSpecSerializer()
-    provisioning_model = _optional(serializers.ChoiceField(choices=PROVISIONING_MODELS))
-    boot_disk = _optional(serializers.DictField())
-    zone = _optional(serializers.CharField())
+    provisioning_model = serializers.ChoiceField(choices=PROVISIONING_MODELS, **OPTIONAL_TEXT)
+    boot_disk = serializers.DictField(**OPTIONAL)
+    zone = serializers.CharField(**OPTIONAL_TEXT)
 
 
 class PartitionSpecSerializer(serializers.Serializer):
     id = serializers.CharField()
     node_pool_ids = serializers.ListField(child=serializers.CharField())
-    default = _optional(serializers.BooleanField())
+    default = serializers.BooleanField(**OPTIONAL)
 
 
 class SlurmSpecSerializer(serializers.Serializer):
     login_node_pool_id = serializers.CharField()
     partitions = PartitionSpecSerializer(many=True)
-    prolog_bash_scripts = _optional(serializers.ListField(child=serializers.CharField()))
-    epilog_bash_scripts = _optional(serializers.ListField(child=serializers.CharField()))
-    config_overrides = _optional(
-        serializers.DictField(child=serializers.CharField(), help_text="slurm.conf settings")
+    prolog_bash_scripts = serializers.ListField(child=serializers.CharField(), **OPTIONAL)
+    epilog_bash_scripts = serializers.ListField(child=serializers.CharField(), **OPTIONAL)
+    config_overrides = serializers.DictField(
+        child=serializers.CharField(), help_text="slurm.conf settings", **OPTIONAL
     )
 
 
@@ -67,13 +66,15 @@ class ClusterSpecSerializer(serializers.Serializer):
     """A whole cluster: POST /clusters."""
 
     cluster_id = serializers.RegexField(ID)
-    display_name = _optional(serializers.CharField(max_length=200))
-    provider = _optional(serializers.ChoiceField(choices=PROVIDERS))
-    labels = _optional(serializers.DictField(child=serializers.RegexField(LABEL_VALUE_RE.pattern)))
-    zone = _optional(serializers.CharField(help_text="Required on gce, e.g. us-central1-a"))
-    network = _optional(serializers.DictField())
+    display_name = serializers.CharField(max_length=200, **OPTIONAL_TEXT)
+    provider = serializers.ChoiceField(choices=PROVIDERS, **OPTIONAL_TEXT)
+    labels = serializers.DictField(
+        child=serializers.RegexField(LABEL_VALUE_RE.pattern, allow_blank=True), **OPTIONAL
+    )
+    zone = serializers.CharField(help_text="Required on gce, e.g. us-central1-a", **OPTIONAL_TEXT)
+    network = serializers.DictField(**OPTIONAL)
     node_pools = NodePoolSpecSerializer(many=True)
-    storage = _optional(serializers.DictField())
+    storage = serializers.DictField(**OPTIONAL)
     orchestrator_spec = OrchestratorSpecSerializer()
 
 
@@ -85,8 +86,10 @@ class PoolScalingSerializer(serializers.Serializer):
 class ClusterPatchSerializer(serializers.Serializer):
     """PATCH /clusters/{cluster_id}: what is not named stays as it is."""
 
-    node_pools = _optional(PoolScalingSerializer(many=True))
+    node_pools = PoolScalingSerializer(many=True, **OPTIONAL)
     labels = serializers.DictField(
-        child=serializers.RegexField(LABEL_VALUE_RE.pattern), required=False
+        child=serializers.RegexField(LABEL_VALUE_RE.pattern, allow_blank=True),
+        help_text="Replaces the labels; null clears them",
+        **OPTIONAL,
     )
     display_name = serializers.CharField(max_length=200, required=False)
