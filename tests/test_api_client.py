@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -30,9 +31,11 @@ def generated(live_server, tmp_path):
         schema = json.load(answer)
     (tmp_path / "schema.json").write_text(json.dumps(schema))
     tool = Path(sys.executable).parent / "openapi-python-client"
+    command = ["generate", "--path", "schema.json", "--meta", "none", "--output-path", PACKAGE]
     done = subprocess.run(
-        [str(tool), "generate", "--path", "schema.json", "--meta", "none", "--output-path", PACKAGE],
+        [str(tool), *command],
         cwd=tmp_path,
+        env={**os.environ, "PATH": f"{tool.parent}:{os.environ['PATH']}"},  # its ruff hooks
         capture_output=True,
         text=True,
         timeout=120,

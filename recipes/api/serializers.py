@@ -45,7 +45,7 @@ class LaunchPlanSerializer(serializers.Serializer):
     register_as = serializers.CharField()
 
 
-class JobMetricsSerializer(serializers.Serializer):
+class JobMetricSeriesSerializer(serializers.Serializer):
     job_id = serializers.CharField()
     recipe = serializers.CharField()
     summary = serializers.DictField()

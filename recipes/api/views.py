@@ -16,7 +16,7 @@ from mtc.api.schema import errors
 from ..catalog import RECIPES
 from ..launch import recipe_launch, recipe_plan
 from .serializers import (
-    JobMetricsSerializer,
+    JobMetricSeriesSerializer,
     LaunchPlanSerializer,
     LaunchSerializer,
     RecipeListSerializer,
@@ -77,7 +77,7 @@ class RecipeLaunchView(APIView):
 class JobMetricsView(ClusterJobsMixin, APIView):
     @extend_schema(
         operation_id="jobs_metrics",
-        responses={200: JobMetricsSerializer, **errors(400)},
+        responses={200: JobMetricSeriesSerializer, **errors(400)},
         description="A recipe job's metric series.",
     )
     def get(self, request, cluster_id, job_id):
