@@ -1,5 +1,5 @@
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
@@ -37,6 +37,37 @@ def _conflict(exc: services.ClusterConflict) -> ApiError:
     )
 
 
+# The schema's example spec: a login node and one node of 8 emulated GPUs, local Slurm.
+EXAMPLE_SPEC = {
+    "cluster_id": "example",
+    "display_name": "Example cluster",
+    "provider": "local",
+    "labels": {"team": "llm"},
+    "node_pools": [
+        {
+            "id": "login",
+            "machine_spec": {"machine_type": "local-1"},
+            "scaling_spec": {"min_node_count": 1, "max_node_count": 1},
+        },
+        {
+            "id": "gpu",
+            "machine_spec": {
+                "machine_type": "local-2",
+                "accelerator_type": "NVIDIA_H200_141GB",
+                "accelerator_count": 8,
+            },
+            "scaling_spec": {"min_node_count": 1, "max_node_count": 1},
+        },
+    ],
+    "orchestrator_spec": {
+        "slurm_spec": {
+            "login_node_pool_id": "login",
+            "partitions": [{"id": "gpu", "node_pool_ids": ["gpu"], "default": True}],
+        }
+    },
+}
+
+
 def _accepted(operation: Operation) -> Response:
     return Response(OperationSerializer(operation).data, status=status.HTTP_202_ACCEPTED)
 
@@ -65,6 +96,7 @@ class ClusterViewSet(viewsets.GenericViewSet):
     @extend_schema(
         request=ClusterSpecSerializer,
         responses={202: OperationSerializer, **errors(409, 503)},
+        examples=[OpenApiExample("local", value=EXAMPLE_SPEC, request_only=True)],
         description="Create a cluster from a spec (docs/spec.md). 400 names each bad field "
         "by its JSON path; 409 when the cluster_id (or a port) is taken.",
     )
@@ -80,6 +112,18 @@ class ClusterViewSet(viewsets.GenericViewSet):
     @extend_schema(
         request=ClusterPatchSerializer,
         responses={202: OperationSerializer, **errors(409, 503)},
+        examples=[
+            OpenApiExample(
+                "resize",
+                value={
+                    "node_pools": [
+                        {"id": "gpu", "scaling_spec": {"min_node_count": 2, "max_node_count": 2}}
+                    ],
+                    "labels": {"team": "llm"},
+                },
+                request_only=True,
+            )
+        ],
         description="Resize node pools (scaling_spec) and change labels; pools are matched "
         "by id and what is not named stays as it is. 409 while another operation runs.",
     )

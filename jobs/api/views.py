@@ -1,7 +1,7 @@
 from contextlib import contextmanager
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
@@ -98,6 +98,13 @@ class JobListView(ClusterJobsMixin, GenericAPIView):
         operation_id="jobs_submit",
         request=JobSubmitSerializer,
         responses={201: JobSerializer, **JOB_ERRORS},
+        examples=[
+            OpenApiExample(
+                "hello",
+                value={"name": "hello", "script": "#!/bin/bash\nsrun hostname\n", "nodes": 1},
+                request_only=True,
+            )
+        ],
         description="Submit a batch job, run as your Unix account. 400 names each bad field.",
     )
     def post(self, request, cluster_id):
