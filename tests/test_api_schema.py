@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
-from clusters.models import Cluster
+from clusters.services import cluster_create
 from mtc.tokens import token_create
 
 from .conftest import make_spec
@@ -130,9 +130,9 @@ def schemathesis_run(url: str, token: str, *, examples: int, extra: list[str]) -
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(
     live_server, local_clusters, operator
 ):
-    # A cluster row with no daemons: reads answer from the database, Slurm calls fail
-    # as Slurm does when it is down (503), quickly.
-    Cluster.objects.create(cluster_id="demo", spec=make_spec("demo", nodes=1), state="RUNNING")
+    # A real one-node cluster, so job operations reach Slurm (the run's own DELETEs may
+    # remove it; local_clusters stops whatever is left).
+    cluster_create(spec=make_spec("demo", nodes=1))
     examples = int(os.environ.get("MTC_SCHEMATHESIS_EXAMPLES", "3"))
     output = schemathesis_run(
         live_server.url, token_create(user=operator)[1], examples=examples, extra=[]

@@ -115,7 +115,7 @@ class JobSubmitSerializer(serializers.Serializer):
     )
     gpus_per_node = serializers.IntegerField(required=False, default=0, min_value=0)
     cpus_per_task = serializers.IntegerField(required=False, default=1, min_value=1, max_value=1024)
-    time_limit = TimeLimitField(required=False)
+    time_limit = TimeLimitField(required=False, allow_blank=True)
     env = serializers.DictField(child=serializers.CharField(), required=False, allow_null=True)
     requeue = serializers.BooleanField(required=False, default=True)
     dependency = serializers.CharField(required=False, allow_null=True, allow_blank=True)

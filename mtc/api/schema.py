@@ -112,6 +112,16 @@ class AutoSchema(SpectacularAutoSchema):
             statuses.add(404)  # a page past the last is a 404 too
         return statuses
 
+    def _get_filter_parameters(self) -> list:
+        # A choice filter also takes "": django-filter reads an empty value as no filter.
+        parameters = super()._get_filter_parameters()
+        for parameter in parameters:
+            schema = parameter.get("schema", {})
+            schema = schema.get("items", schema)
+            if "enum" in schema and "" not in schema["enum"]:
+                schema["enum"] = [*schema["enum"], ""]
+        return parameters
+
     def _paginated(self) -> bool:
         return self.method == "GET" and self._is_list_view() and self._get_paginator() is not None
 
