@@ -1,6 +1,7 @@
 """Reads for pages and the API: one query per list, whatever its length."""
 
 from django.db.models import Count, Prefetch, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
 
 from .choices import CLUSTER_LIVE_STATES, OPERATION_ACTIVE_STATES, OperationKind, OperationState
 from .models import Cluster, Node, Operation
@@ -19,7 +20,7 @@ def cluster_list() -> QuerySet[Cluster]:
         .annotate(
             node_count=Count("nodes", distinct=True),
             ready_node_count=Count("nodes", filter=_READY, distinct=True),
-            gpu_count=Sum("nodes__gpus"),
+            gpu_count=Coalesce(Sum("nodes__gpus"), 0),  # 0, not null, for a cluster without nodes
         )
         .order_by("cluster_id")
     )

@@ -6,15 +6,23 @@ from __future__ import annotations
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
-from rest_framework import status
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .api.errors import ApiError
+from .api.schema import errors
 from .tokens import token_create, token_revoke, token_rotate, tokens_of
 
 
-def _parse(data) -> tuple[str, int | None, dict[str, str]]:
+def _parse(data, *, json: bool = False) -> tuple[str, int | None, dict[str, str]]:
+    """A form's fields are strings; a JSON body's name is a string and expires_days a
+    whole number (as the schema says), nothing else."""
+    if json and not isinstance(data, dict):
+        return "", None, {"non_field_errors": "The body must be a JSON object."}
+    if json and not isinstance(data.get("name"), str):
+        return "", None, {"name": "Must be a string."}
     name = str(data.get("name") or "").strip()
     errors = {}
     # Control characters have no place in a name (and PostgreSQL refuses NUL in text).
@@ -22,7 +30,9 @@ def _parse(data) -> tuple[str, int | None, dict[str, str]]:
         errors["name"] = "Give a name of 1 to 100 characters, none of them control characters."
     raw = data.get("expires_days")
     days = None
-    if raw not in (None, ""):
+    if json and raw is not None and (isinstance(raw, bool) or not isinstance(raw, int)):
+        errors["expires_days"] = "Must be a whole number of days from 1 to 3650."
+    elif raw not in (None, ""):
         try:
             days = int(raw)
         except (TypeError, ValueError):
@@ -69,19 +79,50 @@ def _body(token) -> dict:
     }
 
 
+class TokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    prefix = serializers.CharField(help_text="The key's first characters, to tell keys apart")
+    created = serializers.DateTimeField()
+    expires = serializers.DateTimeField(allow_null=True)
+    last_used = serializers.DateTimeField(allow_null=True)
+
+
+class NewTokenSerializer(TokenSerializer):
+    key = serializers.CharField(help_text="Shown once: send it as Authorization: Token <key>")
+
+
+class TokenListSerializer(serializers.Serializer):
+    results = TokenSerializer(many=True)
+
+
+class TokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    expires_days = serializers.IntegerField(
+        min_value=1, max_value=3650, required=False, allow_null=True, help_text="Default: never"
+    )
+
+
 class TokenListView(APIView):
+    @extend_schema(operation_id="tokens_list", responses={200: TokenListSerializer})
     def get(self, request):
         return Response({"results": [_body(t) for t in tokens_of(user=request.user)]})
 
+    @extend_schema(
+        operation_id="tokens_create",
+        request=TokenCreateSerializer,
+        responses={201: NewTokenSerializer},
+    )
     def post(self, request):
-        name, days, errors = _parse(request.data)
-        if errors:
-            raise ApiError(code="INVALID_ARGUMENT", message="Invalid token.", fields=errors)
+        name, days, problems = _parse(request.data, json=True)
+        if problems:
+            raise ApiError(code="INVALID_ARGUMENT", message="Invalid token.", fields=problems)
         token, key = token_create(user=request.user, name=name, expires_days=days)
         return Response({**_body(token), "key": key}, status=status.HTTP_201_CREATED)
 
 
 class TokenDetailView(APIView):
+    @extend_schema(operation_id="tokens_delete", responses={204: None, **errors(404)})
     def delete(self, request, token_id: int):
         if not token_revoke(user=request.user, token_id=token_id):
             raise Http404

@@ -16,7 +16,8 @@ api_v1 = [
     path("", include("health.api.urls")),
     path("", include("registry.api.urls")),
     path("", include("serving.api.urls")),
-    re_path(r"^.*$", probes.api_not_found),  # JSON, not the HTML 404 page
+    # JSON, not the HTML 404 page; [\s\S] so a path with a newline in it is caught too.
+    re_path(r"^[\s\S]*$", probes.api_not_found),
 ]
 
 urlpatterns = [

@@ -128,8 +128,11 @@ def validate_submission(
     elif "\x00" in script or len(script.encode()) > MAX_SCRIPT_BYTES:
         errors["script"] = f"Must be text under {MAX_SCRIPT_BYTES} bytes without NUL."
 
-    partition = data.get("partition", "")
-    if partition:
+    # Optional strings: absent, null or "" mean "not given"; anything else must be a
+    # string (an {} or a 0 is refused, not read as "not given").
+    partition = data.get("partition")
+    partition = "" if partition is None else partition
+    if partition != "":
         if not isinstance(partition, str) or not PARTITION_RE.fullmatch(partition):
             errors["partition"] = "Partition names are letters, digits, _ and -."
         elif partition not in partitions:
@@ -149,7 +152,8 @@ def validate_submission(
         if not isinstance(time_limit, str) or not TIME_RE.fullmatch(time_limit):
             errors["time_limit"] = "Use minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]."
 
-    env = data.get("env", {}) or {}
+    env = data.get("env")
+    env = {} if env is None else env
     if not isinstance(env, dict):
         errors["env"] = "Must be an object of NAME: value."
         env = {}
@@ -167,12 +171,16 @@ def validate_submission(
     if not isinstance(requeue, bool):
         errors["requeue"] = "Must be true or false."
 
-    dependency = data.get("dependency", "")
-    if dependency and (not isinstance(dependency, str) or not DEPENDENCY_RE.fullmatch(dependency)):
+    dependency = data.get("dependency")
+    dependency = "" if dependency is None else dependency
+    if dependency != "" and (
+        not isinstance(dependency, str) or not DEPENDENCY_RE.fullmatch(dependency)
+    ):
         errors["dependency"] = "Use Slurm's form, e.g. afterok:123 or afterany:12_3,singleton."
 
-    array = data.get("array", "")
-    if array:
+    array = data.get("array")
+    array = "" if array is None else array
+    if array != "":
         if not isinstance(array, str) or not ARRAY_RE.fullmatch(array):
             errors["array"] = "Use Slurm's form, e.g. 0-99, 1,3,5 or 0-15%4."
         elif problem := _array_problem(array):

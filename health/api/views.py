@@ -1,7 +1,7 @@
 """Node health in the API: health, faults, repairs, and agents' reports."""
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.response import Response
@@ -11,12 +11,23 @@ from clusters.api.serializers import OperationSerializer
 from clusters.models import Node
 from clusters.services import node_token_valid
 from mtc.api.errors import ApiError
+from mtc.api.schema import ErrorSerializer, errors
 
 from .. import services
 from ..faults import FaultError, fault_clear, fault_inject
 from ..models import HealthReport, NodeFailure, Repair
 from ..policy import mode_for
 from ..report_schema import MAX_BODY_BYTES, ReportInvalid, body_parse, report_validate
+from .serializers import (
+    FaultClearedSerializer,
+    FaultInjectedSerializer,
+    FaultRequestSerializer,
+    NodeHealthSerializer,
+    RepairListSerializer,
+    RepairRequestSerializer,
+    RepairSerializer,
+    ReportAnswerSerializer,
+)
 
 
 def _node(cluster_id: str, node_name: str) -> Node:
@@ -47,7 +58,7 @@ def repair_data(repair: Repair) -> dict:
 
 
 class NodeHealthView(APIView):
-    @extend_schema(responses={200: {"type": "object"}})
+    @extend_schema(operation_id="health_retrieve", responses={200: NodeHealthSerializer})
     def get(self, request, cluster_id, node):
         node = _node(cluster_id, node)
         report = HealthReport.objects.filter(node=node, source="agent").first()
@@ -87,9 +98,10 @@ class NodeFaultsView(APIView):
     permission_classes = [IsAdminUser]
 
     @extend_schema(
-        request={"application/json": {"type": "object"}},
-        responses={202: {"type": "object"}},
-        description='Inject a fault: {"kind": "kill"|"disk"|"slow"|"ecc"|"xid"|'
+        operation_id="health_fault_inject",
+        request=FaultRequestSerializer,
+        responses={202: FaultInjectedSerializer},
+        description='Operators only. Inject a fault: {"kind": "kill"|"disk"|"slow"|"ecc"|"xid"|'
         '"dcgm"|"sdc"|"gpu-missing", ...kind parameters}.',
     )
     def post(self, request, cluster_id, node):
@@ -105,6 +117,12 @@ class NodeFaultsView(APIView):
             ) from exc
         return Response(result, status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(
+        operation_id="health_fault_clear",
+        parameters=[OpenApiParameter("kind", str, description="One kind; default: all")],
+        responses={202: FaultClearedSerializer},
+        description="Operators only. Clear injected faults.",
+    )
     def delete(self, request, cluster_id, node):
         node = _node(cluster_id, node)
         try:
@@ -120,7 +138,10 @@ class NodeRepairView(APIView):
     permission_classes = [IsAdminUser]
 
     @extend_schema(
-        request={"application/json": {"type": "object"}}, responses={202: OperationSerializer}
+        operation_id="repairs_request",
+        request=RepairRequestSerializer,
+        responses={202: OperationSerializer, **errors(409, 503)},
+        description="Operators only. Repair a node; the Operation tracks it.",
     )
     def post(self, request, cluster_id, node):
         node = _node(cluster_id, node)
@@ -143,7 +164,12 @@ class NodeRepairView(APIView):
 class RepairApproveView(APIView):
     permission_classes = [IsAdminUser]
 
-    @extend_schema(request=None, responses={202: {"type": "object"}})
+    @extend_schema(
+        operation_id="repairs_approve",
+        request=None,
+        responses={202: RepairSerializer, **errors(409, 503)},
+        description="Operators only. Approve a repair that waits for approval.",
+    )
     def post(self, request, repair_id):
         repair = get_object_or_404(
             Repair.objects.select_related(
@@ -163,6 +189,15 @@ class RepairApproveView(APIView):
 class RepairListView(APIView):
     permission_classes = [IsAdminUser]
 
+    @extend_schema(
+        operation_id="repairs_list",
+        parameters=[
+            OpenApiParameter("cluster", str, description="A cluster_id"),
+            OpenApiParameter("state", str),
+        ],
+        responses={200: RepairListSerializer},
+        description="Operators only. The latest 200 repairs.",
+    )
     def get(self, request):
         qs = Repair.objects.select_related("node", "failure", "requested_by", "approved_by")
         if request.query_params.get("cluster"):
@@ -180,8 +215,14 @@ class AgentReportView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        request={"application/json": {"type": "object"}},
-        responses={202: {"type": "object"}, 200: {"type": "object"}},
+        operation_id="health_report",
+        request={"application/json": {"type": "object", "description": "node/report.py's"}},
+        responses={
+            202: ReportAnswerSerializer,
+            200: ReportAnswerSerializer,
+            401: OpenApiResponse(ErrorSerializer, description="Not the node's token"),
+            **errors(400, 404, 413, 415),
+        },
         description="202: stored (``next_round`` may ask for a deeper DCGM round); 200: a "
         "report no newer than the node's last (already stored), not stored again; 400: the "
         "report is not what the agent sends (``fields`` names each bad JSON path), nothing "

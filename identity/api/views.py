@@ -4,6 +4,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from mtc.api.errors import ApiError
+from mtc.api.schema import errors
 
 from ..selectors import identity_mode, single_user_reason
 from ..services import IdentityMissing, account_ensure
@@ -11,7 +12,11 @@ from .serializers import MeSerializer
 
 
 class MeView(APIView):
-    @extend_schema(responses={200: MeSerializer}, summary="The signed-in user and their identity")
+    @extend_schema(
+        operation_id="identity_me",
+        responses={200: MeSerializer, **errors(403)},
+        summary="The signed-in user and their identity",
+    )
     def get(self, request):
         try:
             account = account_ensure(user=request.user)

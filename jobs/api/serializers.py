@@ -1,5 +1,6 @@
 from datetime import datetime
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..models import Job, JobEvent
@@ -24,13 +25,13 @@ class JobSerializer(serializers.Serializer):
     model) because building a ModelSerializer's fields costs more than the rest of
     a submit request."""
 
-    job_id = serializers.CharField()
+    job_id = serializers.CharField(help_text="Slurm's id: 123, or 123_4 for an array task")
     cluster = serializers.CharField(source="cluster.cluster_id")
     name = serializers.CharField()
-    user = serializers.CharField()
-    owner = serializers.CharField(source="owner.username", default=None)
+    user = serializers.CharField(help_text="The Unix account it runs as")
+    owner = serializers.CharField(allow_null=True, help_text="mtc user; null for outside jobs")
     partition = serializers.CharField()
-    state = serializers.CharField()
+    state = serializers.CharField(help_text="Slurm's: PENDING, RUNNING, COMPLETED, FAILED, ...")
     reason = serializers.CharField()
     nodes = serializers.IntegerField()
     node_list = serializers.CharField()
@@ -38,17 +39,17 @@ class JobSerializer(serializers.Serializer):
     gpus_per_node = serializers.IntegerField()
     gpus = serializers.IntegerField()
     time_limit = serializers.CharField()
-    submit_time = serializers.DateTimeField()
-    start_time = serializers.DateTimeField()
-    end_time = serializers.DateTimeField()
-    exit_code = serializers.CharField()
+    submit_time = serializers.DateTimeField(allow_null=True)
+    start_time = serializers.DateTimeField(allow_null=True)
+    end_time = serializers.DateTimeField(allow_null=True)
+    exit_code = serializers.CharField(help_text="exit:signal, as Slurm; empty until it ends")
     requeue_count = serializers.IntegerField()
     array_task_id = serializers.IntegerField(allow_null=True)
-    recipe = serializers.CharField()
+    recipe = serializers.CharField(help_text="Empty unless a recipe launched it")
     register_as = serializers.CharField(help_text="Model the final checkpoint registers under")
-    parameters = serializers.JSONField()
+    parameters = serializers.DictField(help_text="A recipe job's parameters")
     checkpoint_dir = serializers.CharField()
-    metrics = serializers.JSONField()
+    metrics = serializers.DictField(help_text="A recipe job's latest figures")
     update_time = serializers.DateTimeField()
 
     def to_representation(self, job: Job) -> dict:
@@ -85,7 +86,7 @@ class JobSerializer(serializers.Serializer):
 
 
 class JobDetailSerializer(JobSerializer):
-    options = serializers.JSONField()
+    options = serializers.DictField(help_text="The submitted options")
     script = serializers.CharField()
     history = JobEventSerializer(source="events", many=True, read_only=True)
 
@@ -97,21 +98,30 @@ class JobDetailSerializer(JobSerializer):
         return data
 
 
+@extend_schema_field({"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 1}]})
+class TimeLimitField(serializers.CharField):
+    """Minutes as a number, or Slurm's MM:SS, HH:MM:SS, D-HH[:MM[:SS]]."""
+
+
 class JobSubmitSerializer(serializers.Serializer):
     """Documents the submit body; validation is slurm.submit.validate_submission."""
 
-    name = serializers.CharField()
-    script = serializers.CharField()
-    partition = serializers.CharField(required=False)
-    nodes = serializers.IntegerField(required=False, default=1)
-    ntasks_per_node = serializers.IntegerField(required=False, default=1)
-    gpus_per_node = serializers.IntegerField(required=False, default=0)
-    cpus_per_task = serializers.IntegerField(required=False, default=1)
-    time_limit = serializers.CharField(required=False)
-    env = serializers.DictField(child=serializers.CharField(), required=False)
+    name = serializers.CharField(max_length=128)
+    script = serializers.CharField(help_text="The batch script, from #!/bin/bash on")
+    partition = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+    nodes = serializers.IntegerField(required=False, default=1, min_value=1)
+    ntasks_per_node = serializers.IntegerField(
+        required=False, default=1, min_value=1, max_value=1024
+    )
+    gpus_per_node = serializers.IntegerField(required=False, default=0, min_value=0)
+    cpus_per_task = serializers.IntegerField(required=False, default=1, min_value=1, max_value=1024)
+    time_limit = TimeLimitField(required=False, allow_blank=True)
+    env = serializers.DictField(child=serializers.CharField(), required=False, allow_null=True)
     requeue = serializers.BooleanField(required=False, default=True)
-    dependency = serializers.CharField(required=False)
-    array = serializers.CharField(required=False)
+    dependency = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+    array = serializers.CharField(
+        required=False, allow_null=True, allow_blank=True, help_text="e.g. 0-99, 1,3,5, 0-15%4"
+    )
 
 
 class JobOutputSerializer(serializers.Serializer):

@@ -1,7 +1,7 @@
 from contextlib import contextmanager
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from clusters.models import Cluster
 from identity.sources.base import IdentityMissing
 from mtc.api.errors import ApiError
+from mtc.api.schema import errors
 from mtc.fielderrors import FieldErrors
 from mtc.numbers import is_whole_number
 from slurm import SlurmError
@@ -72,20 +73,40 @@ class ClusterJobsMixin:
         return get_object_or_404(qs.prefetch_related("events"), job_id=job_id)
 
 
+# What submitting or controlling a job can answer besides the usual (job_errors above).
+JOB_ERRORS = errors(400, 403, 409, 503)
+
+
 class JobListView(ClusterJobsMixin, GenericAPIView):
     serializer_class = JobSerializer
     filterset_class = JobFilterSet
+    queryset = Job.objects.none()
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # the schema: no cluster to look up
+            return Job.objects.none()
         qs = selectors.jobs_visible_to(self.request.user, self.cluster())
         return qs.defer("script", "options")  # the list shows neither
 
+    @extend_schema(operation_id="jobs_list", responses=JobSerializer(many=True))
     def get(self, request, cluster_id):
         qs = self.filter_queryset(self.get_queryset())
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(JobSerializer(page, many=True).data)
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    @extend_schema(
+        operation_id="jobs_submit",
+        request=JobSubmitSerializer,
+        responses={201: JobSerializer, **JOB_ERRORS},
+        examples=[
+            OpenApiExample(
+                "hello",
+                value={"name": "hello", "script": "#!/bin/bash\nsrun hostname\n", "nodes": 1},
+                request_only=True,
+            )
+        ],
+        description="Submit a batch job, run as your Unix account. 400 names each bad field.",
+    )
     def post(self, request, cluster_id):
         cluster = self.cluster()
         with job_errors():
@@ -97,6 +118,7 @@ class JobListView(ClusterJobsMixin, GenericAPIView):
 class JobDetailView(ClusterJobsMixin, GenericAPIView):
     serializer_class = JobDetailSerializer
 
+    @extend_schema(responses={200: JobDetailSerializer, **errors(400)})
     def get(self, request, cluster_id, job_id):
         return Response(JobDetailSerializer(self.job()).data)
 
@@ -105,7 +127,7 @@ class JobActionView(ClusterJobsMixin, GenericAPIView):
     serializer_class = JobSerializer
     action_name = ""
 
-    @extend_schema(request=None, responses={202: JobSerializer})
+    @extend_schema(request=None, responses={202: JobSerializer, **JOB_ERRORS})
     def post(self, request, cluster_id, job_id):
         job = self.job()
         with job_errors():
@@ -117,10 +139,14 @@ class JobOutputView(ClusterJobsMixin, GenericAPIView):
     serializer_class = JobOutputSerializer
 
     @extend_schema(
+        operation_id="jobs_output",
         parameters=[
-            OpenApiParameter("stream", str, enum=["stdout", "stderr"]),
-            OpenApiParameter("offset", int),
-        ]
+            OpenApiParameter("stream", str, enum=["stdout", "stderr"], default="stdout"),
+            OpenApiParameter(
+                "offset", {"type": "integer", "minimum": 0}, description="Byte offset to read from"
+            ),
+        ],
+        responses={200: JobOutputSerializer},
     )
     def get(self, request, cluster_id, job_id):
         stream = request.query_params.get("stream", "stdout")

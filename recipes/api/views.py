@@ -11,14 +11,21 @@ from jobs.api.serializers import JobSerializer
 from jobs.api.views import ClusterJobsMixin, job_errors
 from jobs.selectors import METRIC_POINTS, METRIC_POINTS_MAX, job_metric_points
 from mtc.api.errors import ApiError
+from mtc.api.schema import errors
 from mtc.numbers import is_whole_number
 
 from ..catalog import RECIPES
 from ..launch import recipe_launch, recipe_plan
+from .serializers import (
+    JobMetricSeriesSerializer,
+    LaunchPlanSerializer,
+    LaunchSerializer,
+    RecipeListSerializer,
+)
 
 
 class RecipeListView(APIView):
-    @extend_schema(responses={200: {"type": "object"}})
+    @extend_schema(operation_id="recipes_list", responses={200: RecipeListSerializer})
     def get(self, request):
         results = [recipe.describe() for recipe in RECIPES.values()]
         return Response({"count": len(results), "results": results})
@@ -26,8 +33,13 @@ class RecipeListView(APIView):
 
 class RecipeLaunchView(APIView):
     @extend_schema(
-        request={"application/json": {"type": "object"}},
-        responses={201: JobSerializer, 200: {"type": "object"}},
+        operation_id="recipes_launch",
+        request=LaunchSerializer,
+        responses={
+            201: JobSerializer,
+            200: LaunchPlanSerializer,
+            **errors(400, 403, 409, 503),
+        },
         description='Body: {"nodes": 2, "partition": "gpu", "overrides": {"model": "tiny", '
         '"steps": 60}}. With "dry_run": true, answers 200 with the rendered batch script '
         ", its sbatch options (what Slurm gets) and the parameters, and submits nothing. "
@@ -91,7 +103,8 @@ class JobMetricsView(ClusterJobsMixin, APIView):
             OpenApiParameter("start_step", int, description="Only steps from this one on"),
             OpenApiParameter("end_step", int, description="Only steps up to this one"),
         ],
-        responses={200: {"type": "object"}},
+        operation_id="jobs_metrics",
+        responses={200: JobMetricSeriesSerializer, **errors(400)},
         description="The run's per-step series. `downsampled` says whether steps were "
         "left out; `stride` is the distance between the steps returned, `first_step` and "
         "`last_step` the range stored. Ask again with start_step/end_step to zoom in.",

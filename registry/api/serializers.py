@@ -7,6 +7,8 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from mtc.api.fields import StrictCharField, StrictIntegerField, StrictRegexField
+
 from ..models import Model, ModelVersion
 from ..names import ALIAS_RE, NAME_RE
 
@@ -78,17 +80,17 @@ class ModelDetailSerializer(ModelSerializer):
 
 
 class ModelCreateSerializer(serializers.Serializer):
-    name = serializers.RegexField(NAME_RE, max_length=63)
-    description = serializers.CharField(required=False, allow_blank=True, max_length=10000)
+    name = StrictRegexField(NAME_RE, max_length=63)
+    description = StrictCharField(required=False, allow_blank=True, max_length=10000)
 
 
 class VersionCreateSerializer(serializers.Serializer):
-    cluster_id = serializers.CharField(help_text="The cluster the source job ran on")
-    job_id = serializers.CharField(help_text="A COMPLETED recipe job; its final checkpoint")
+    cluster_id = StrictCharField(help_text="The cluster the source job ran on")
+    job_id = StrictCharField(help_text="A COMPLETED recipe job; its final checkpoint")
 
 
 class AliasSerializer(serializers.Serializer):
-    alias = serializers.RegexField(ALIAS_RE, max_length=32)
-    version = serializers.IntegerField(
+    alias = StrictRegexField(ALIAS_RE, max_length=32)
+    version = StrictIntegerField(
         min_value=1, allow_null=True, help_text="The version number; null removes the alias"
     )

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from clusters.models import Cluster
 from jobs import selectors as job_selectors
 from mtc.api.errors import ApiError
+from mtc.api.schema import errors
 
 from .. import selectors, services
 from ..models import Model
@@ -50,6 +51,7 @@ class ModelListView(GenericAPIView):
     queryset = Model.objects.none()
 
     @extend_schema(
+        operation_id="models_list",
         parameters=[OpenApiParameter("q", str, description="Part of the name")],
         responses={200: ModelSerializer(many=True)},
     )
@@ -58,7 +60,11 @@ class ModelListView(GenericAPIView):
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(ModelSerializer(page, many=True).data)
 
-    @extend_schema(request=ModelCreateSerializer, responses={201: ModelSerializer})
+    @extend_schema(
+        operation_id="models_create",
+        request=ModelCreateSerializer,
+        responses={201: ModelSerializer, **errors(409)},
+    )
     def post(self, request):
         body = ModelCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -75,6 +81,7 @@ class ModelDetailView(GenericAPIView):
     serializer_class = ModelDetailSerializer
     queryset = Model.objects.none()
 
+    @extend_schema(operation_id="models_retrieve")
     def get(self, request, name):
         model = _model(name)
         recent = selectors.versions_of(model).order_by("-number")[:RECENT_VERSIONS]
@@ -86,15 +93,18 @@ class VersionListView(GenericAPIView):
     serializer_class = VersionSerializer
     queryset = Model.objects.none()
 
-    @extend_schema(responses={200: VersionSerializer(many=True)})
+    @extend_schema(
+        operation_id="models_versions_list", responses={200: VersionSerializer(many=True)}
+    )
     def get(self, request, name):
         model = _model(name)
         page = self.paginate_queryset(selectors.versions_of(model).order_by("-number"))
         return self.get_paginated_response(VersionSerializer(page, many=True).data)
 
     @extend_schema(
+        operation_id="models_versions_register",
         request=VersionCreateSerializer,
-        responses={201: VersionSerializer},
+        responses={201: VersionSerializer, **errors(409)},
         description="Register a COMPLETED recipe job's final checkpoint as the model's next "
         "version (the model is created, owned by you, if it does not exist). The version "
         "is PENDING while its export (save_pretrained, safetensors) runs, then READY.",
@@ -127,11 +137,13 @@ class VersionDetailView(GenericAPIView):
     def _version(self, name: str, number: int):
         return get_object_or_404(selectors.versions_of(_model(name)), number=number)
 
+    @extend_schema(operation_id="models_versions_retrieve")
     def get(self, request, name, number):
         return Response(VersionSerializer(self._version(name, number)).data)
 
     @extend_schema(
-        responses={204: None},
+        operation_id="models_versions_delete",
+        responses={204: None, **errors(409)},
         description="Delete the version and its export. 409 while an endpoint serves it.",
     )
     def delete(self, request, name, number):
@@ -146,8 +158,9 @@ class AliasView(GenericAPIView):
     queryset = Model.objects.none()
 
     @extend_schema(
+        operation_id="models_alias_set",
         request=AliasSerializer,
-        responses={200: AliasSerializer},
+        responses={200: AliasSerializer, **errors(409)},
         description='{"alias": "production", "version": 3} points the alias at version 3 '
         "(one version per alias per model; it moves if it was elsewhere); "
         '"version": null removes it.',

@@ -23,7 +23,7 @@ urlpatterns = [
     ),
     re_path(
         ENDPOINT + r"/chat/completions/?$",
-        EndpointCompletionsView.as_view(chat=True),
+        EndpointCompletionsView.as_view(chat=True, action_name="chat_completions"),
         name="endpoint-chat-completions",
     ),
     re_path(ENDPOINT + r"/models/?$", EndpointModelsView.as_view(), name="endpoint-models"),

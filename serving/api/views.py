@@ -14,6 +14,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 
 from mtc.api.errors import ApiError
+from mtc.api.schema import errors
 from mtc.numbers import is_whole_number
 
 from .. import selectors, services
@@ -45,6 +46,8 @@ def deploy_errors():
 
 class EndpointMixin:
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # the schema: no user to filter by
+            return Endpoint.objects.none()
         return selectors.endpoints_visible_to(self.request.user)
 
     def endpoint(self) -> Endpoint:
@@ -61,13 +64,15 @@ class EndpointMixin:
 class EndpointListView(EndpointMixin, GenericAPIView):
     serializer_class = EndpointSerializer
 
+    @extend_schema(operation_id="endpoints_list", responses=EndpointSerializer(many=True))
     def get(self, request):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(EndpointSerializer(page, many=True).data)
 
     @extend_schema(
+        operation_id="endpoints_create",
         request=EndpointCreateSerializer,
-        responses={201: EndpointDetailSerializer},
+        responses={201: EndpointDetailSerializer, **errors(503)},
         description='Deploy a registered model version: {"model": "tiny", "version": 3 or '
         '"prod", "cluster": "demo", "min_replicas": 1, "max_replicas": 2}. Replicas run as '
         "Slurm jobs owned by the caller; the endpoint is READY once one answers.",
@@ -83,10 +88,16 @@ class EndpointListView(EndpointMixin, GenericAPIView):
 class EndpointDetailView(EndpointMixin, GenericAPIView):
     serializer_class = EndpointDetailSerializer
 
+    @extend_schema(operation_id="endpoints_retrieve")
     def get(self, request, endpoint_id):
         return Response(self.detail(self.endpoint()))
 
-    @extend_schema(request=None, responses={202: EndpointSerializer})
+    @extend_schema(
+        operation_id="endpoints_delete",
+        request=None,
+        responses={202: EndpointSerializer, 204: None, **errors(503)},
+        description="202 while its replicas stop (the endpoint is DELETING); 204 once gone.",
+    )
     def delete(self, request, endpoint_id):
         endpoint = services.endpoint_delete(endpoint=self.endpoint(), actor=request.user)
         if not Endpoint.objects.filter(pk=endpoint.pk).exists():
@@ -100,7 +111,16 @@ class EndpointDetailView(EndpointMixin, GenericAPIView):
 class EndpointMetricsView(EndpointMixin, GenericAPIView):
     serializer_class = SeriesSerializer
 
-    @extend_schema(parameters=[OpenApiParameter("window", int, description="Seconds, 60-86400")])
+    @extend_schema(
+        operation_id="endpoints_metrics",
+        parameters=[
+            OpenApiParameter(
+                "window",
+                {"type": "integer", "minimum": 60, "maximum": 86400},
+                description="Seconds (default 900)",
+            )
+        ],
+    )
     def get(self, request, endpoint_id):
         raw = request.query_params.get("window", "900")
         if not is_whole_number(raw) or not 60 <= int(raw) <= 86400:
@@ -115,6 +135,7 @@ class EndpointMetricsView(EndpointMixin, GenericAPIView):
 class EndpointCompletionsView(EndpointMixin, GenericAPIView):
     serializer_class = CompletionRequestSerializer
     chat = False
+    action_name = "completions"  # the schema's operation id: endpoints_completions
 
     def get_queryset(self):
         # The hot path: just the fields routing needs.
@@ -132,7 +153,7 @@ class EndpointCompletionsView(EndpointMixin, GenericAPIView):
 
     @extend_schema(
         request=CompletionRequestSerializer,
-        responses={200: CompletionResponseSerializer},
+        responses={200: CompletionResponseSerializer, **errors(503)},
         description="OpenAI-style completion, answered by one of the endpoint's healthy "
         "replicas (the answer is the replica's, as it is; X-MTC-Replica names it). On "
         "/completions a body with 'messages' is a chat completion. With \"stream\": true "
@@ -175,7 +196,7 @@ class EndpointModelsView(EndpointMixin, GenericAPIView):
         qs = Endpoint.objects.select_related("version__model", "owner")
         return qs if self.request.user.is_staff else qs.filter(owner=self.request.user)
 
-    @extend_schema(responses={200: OpenAIModelListSerializer})
+    @extend_schema(operation_id="endpoints_models_list", responses={200: OpenAIModelListSerializer})
     def get(self, request, endpoint_id):
         return Response({"object": "list", "data": selectors.openai_models(self.endpoint())})
 
@@ -183,7 +204,7 @@ class EndpointModelsView(EndpointMixin, GenericAPIView):
 class EndpointModelView(EndpointModelsView):
     serializer_class = OpenAIModelSerializer
 
-    @extend_schema(responses={200: OpenAIModelSerializer})
+    @extend_schema(operation_id="endpoints_models_retrieve", responses={200: OpenAIModelSerializer})
     def get(self, request, endpoint_id, model_id):
         endpoint = self.endpoint()
         for model in selectors.openai_models(endpoint):
