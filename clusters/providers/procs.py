@@ -75,8 +75,13 @@ def stop(pids: list[int], *, timeout: float = 10.0) -> list[int]:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    time.sleep(0.05)
-    return [p for p in alive if is_running(p)]
+    # A killed process takes a moment to exit (longer on a busy host): what this returns
+    # is what is still running, not what has yet to finish dying.
+    deadline = time.monotonic() + 2.0
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if is_running(p)]
+    return alive
 
 
 # What a daemon mtc starts may inherit from mtc: nothing secret (no MTC_*, no
