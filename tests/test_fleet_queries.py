@@ -13,47 +13,20 @@ from rest_framework.test import APIClient
 
 from clusters.models import Cluster, Node, NodePool
 from clusters.services import node_token_issue
-from clusters.spec import validate_cluster_spec
 from health.models import HealthReport, NodeFailure
 
-from .conftest import make_spec
+from .test_health_pages import make_cluster
 
 pytestmark = pytest.mark.django_db
 
 
 def fleet(cluster_id: str, nodes: int) -> Cluster:
-    """A RUNNING cluster's rows alone (no daemons): a login pool and ``nodes`` GPU nodes."""
-    cluster = Cluster.objects.create(
-        cluster_id=cluster_id,
-        display_name=cluster_id,
-        spec=validate_cluster_spec(make_spec(cluster_id, nodes=nodes)),
-        state="RUNNING",
-    )
-    NodePool.objects.create(cluster=cluster, pool_id="login", machine_type="local-2", is_login=True)
-    pool = NodePool.objects.create(
-        cluster=cluster,
-        pool_id="gpu",
-        machine_type="local-2",
-        accelerator_type="NVIDIA_H200_141GB",
-        accelerator_count=2,
-        partitions=["gpu"],
-        target_node_count=nodes,
-    )
-    Node.objects.bulk_create(
-        Node(
-            cluster=cluster,
-            pool=pool,
-            index=i,
-            name=f"{cluster_id}-gpu-{i}",
-            gpus=2,
-            gpu_type="h200",
-            gpus_emulated=True,
-            lifecycle="ACTIVE",
-            slurm_state=("IDLE", "ALLOCATED", "DRAIN", "DOWN*")[i % 4],
-            health="HEALTHY",
+    """make_cluster's rows with 2-GPU nodes in each state the grid draws, in turn."""
+    cluster = make_cluster(cluster_id, nodes, gpus=2)
+    for offset, state in enumerate(("IDLE", "ALLOCATED", "DRAIN", "DOWN*")):
+        Node.objects.filter(cluster=cluster, index__in=range(offset, nodes, 4)).update(
+            slurm_state=state
         )
-        for i in range(nodes)
-    )
     return cluster
 
 

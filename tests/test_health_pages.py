@@ -58,7 +58,9 @@ def no_dispatch(monkeypatch):
     monkeypatch.setattr(services, "repairs_dispatch", lambda *, cluster: [])
 
 
-def make_cluster(cluster_id: str = "hp", nodes: int = 4, **fields) -> Cluster:
+def make_cluster(cluster_id: str = "hp", nodes: int = 4, *, gpus: int = 8, **fields) -> Cluster:
+    """A RUNNING cluster's rows alone (no daemons): a login pool and ``nodes`` idle,
+    healthy GPU nodes of ``gpus`` emulated H200 each."""
     spec = validate_cluster_spec(make_spec(cluster_id, nodes=nodes))
     cluster = Cluster.objects.create(
         cluster_id=cluster_id,
@@ -73,7 +75,7 @@ def make_cluster(cluster_id: str = "hp", nodes: int = 4, **fields) -> Cluster:
         pool_id="gpu",
         machine_type="local-2",
         accelerator_type="NVIDIA_H200_141GB",
-        accelerator_count=8,
+        accelerator_count=gpus,
         partitions=["gpu"],
         target_node_count=nodes,
     )
@@ -86,7 +88,7 @@ def make_cluster(cluster_id: str = "hp", nodes: int = 4, **fields) -> Cluster:
             partition="gpu",
             slurm_state="IDLE",
             health="HEALTHY",
-            gpus=8,
+            gpus=gpus,
             gpu_type="h200",
             gpus_emulated=True,
             lifecycle="ACTIVE",
