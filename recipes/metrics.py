@@ -92,8 +92,9 @@ def job_metrics_ingest(job: Job) -> int:
                     continue
                 points = [p for p in points if p.step <= redo_from]
                 summary["resumed_from_step"] = redo_from
-            if event == "checkpoint" and _step(step) is not None:
-                summary["last_checkpoint_step"] = _step(step)
+            checkpoint_step = _step(step) if event == "checkpoint" else None
+            if checkpoint_step is not None:
+                summary["last_checkpoint_step"] = checkpoint_step
             if event == "start":
                 summary.pop("done", None)
                 for key in DATASET_KEYS:

@@ -20,6 +20,22 @@ def write(path, *entries, partial: str = ""):
         fh.write(partial)
 
 
+def recipe_job(tmp_path, user, cluster_id: str, number: int) -> Job:
+    """A recipe job whose metrics.jsonl is tmp_path's, on a cluster row of its own."""
+    cluster = Cluster.objects.create(
+        cluster_id=cluster_id, spec=make_spec(cluster_id), state="RUNNING"
+    )
+    return Job.objects.create(
+        cluster=cluster,
+        job_id=str(number),
+        job_number=number,
+        name="r",
+        owner=user,
+        recipe="llama-pretrain",
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+    )
+
+
 def test_ingest_is_incremental_and_redoes_steps_after_a_resume(tmp_path, user_api, user):
     cluster = Cluster.objects.create(cluster_id="mx", spec=make_spec("mx"), state="RUNNING")
     (tmp_path / "checkpoints").mkdir()
@@ -70,32 +86,14 @@ def test_ingest_is_incremental_and_redoes_steps_after_a_resume(tmp_path, user_ap
 
 
 def test_a_diverged_loss_is_stored_as_null(tmp_path, user):
-    cluster = Cluster.objects.create(cluster_id="nx", spec=make_spec("nx"), state="RUNNING")
-    job = Job.objects.create(
-        cluster=cluster,
-        job_id="6",
-        job_number=6,
-        name="r",
-        owner=user,
-        recipe="llama-pretrain",
-        checkpoint_dir=str(tmp_path / "checkpoints"),
-    )
+    job = recipe_job(tmp_path, user, "nx", 6)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": NaN, "grad_norm": Infinity}\n')
     assert job_metrics_ingest(job) == 1
     assert JobMetric.objects.get(job=job).values == {"loss": None, "grad_norm": None}
 
 
 def test_a_line_with_a_nul_is_skipped_and_the_rest_stored(tmp_path, user):
-    cluster = Cluster.objects.create(cluster_id="zx", spec=make_spec("zx"), state="RUNNING")
-    job = Job.objects.create(
-        cluster=cluster,
-        job_id="7",
-        job_number=7,
-        name="r",
-        owner=user,
-        recipe="llama-pretrain",
-        checkpoint_dir=str(tmp_path / "checkpoints"),
-    )
+    job = recipe_job(tmp_path, user, "zx", 7)
     # The run writes its own file: PostgreSQL's JSON would refuse the NUL of step 2.
     write(
         tmp_path / "metrics.jsonl",
@@ -113,16 +111,7 @@ def test_a_line_with_a_nul_is_skipped_and_the_rest_stored(tmp_path, user):
 
 
 def test_a_line_with_a_step_no_column_holds_is_skipped_and_the_rest_stored(tmp_path, user):
-    cluster = Cluster.objects.create(cluster_id="sx", spec=make_spec("sx"), state="RUNNING")
-    job = Job.objects.create(
-        cluster=cluster,
-        job_id="8",
-        job_number=8,
-        name="r",
-        owner=user,
-        recipe="llama-pretrain",
-        checkpoint_dir=str(tmp_path / "checkpoints"),
-    )
+    job = recipe_job(tmp_path, user, "sx", 8)
     # Each would raise in int() or overflow the column, and stop the job's later lines.
     write(
         tmp_path / "metrics.jsonl",
