@@ -126,21 +126,20 @@ def _first_reason(exc: gexc.GoogleAPICallError) -> tuple[str, str]:
 
 def from_http(exc: Exception, *, where: str) -> Exception:
     """Classify an exception raised by a client call: Transient or ProviderError."""
-    if isinstance(exc, gexc.GoogleAPICallError):
-        # Before the status: a full reservation answers 429, which no retry will mend.
-        reason, detail = _first_reason(exc)
-        found = reservation_error(
-            reason or type(exc).__name__, exc.message or detail or "", where=where
-        )
-        if found is not None:
-            return found
-    if isinstance(exc, TRANSIENT_HTTP) or isinstance(exc, (ConnectionError, TimeoutError)):
-        return Transient(f"{where}: {exc}")
     if not isinstance(exc, gexc.GoogleAPICallError):
+        if isinstance(exc, TRANSIENT_HTTP) or isinstance(exc, (ConnectionError, TimeoutError)):
+            return Transient(f"{where}: {exc}")
         if type(exc).__module__.startswith(("requests", "urllib3")):
             return Transient(f"{where}: {exc}")
         return exc
     reason, detail = _first_reason(exc)
+    # Before the status: a full reservation answers 429, which no retry will mend.
+    code, message = reason or type(exc).__name__, exc.message or detail or ""
+    found = reservation_error(code, message, where=where)
+    if found is not None:
+        return found
+    if isinstance(exc, TRANSIENT_HTTP):
+        return Transient(f"{where}: {exc}")
     if isinstance(exc, gexc.NotFound):
         return ProviderError(f"{where}: {exc.message}", code="NOT_FOUND", permanent=True)
     if isinstance(exc, gexc.Conflict) and reason in ("alreadyExists", ""):
