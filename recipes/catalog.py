@@ -106,6 +106,16 @@ def _common(
         Param("steps", "int", steps, "Optimizer steps.", 1, 10_000_000),
         Param("checkpoint_interval", "int", 20, "Save a checkpoint every N steps.", 1, 1_000_000),
         Param("global_batch", "int", 8, "Sequences per optimizer step, over all ranks.", 1, 65536),
+        Param(
+            "micro_batch",
+            "int",
+            None,
+            "Sequences per forward and backward on each rank (gradient accumulation); "
+            "global_batch must be a multiple of ranks × micro_batch. Empty: each rank's "
+            "whole share at once.",
+            1,
+            65536,
+        ),
         Param("seq_len", "int", seq_len, "Tokens per sequence.", 8, 131072),
         Param("lr", "float", lr, "Peak learning rate.", 1e-7, 1.0),
         Param(
@@ -301,6 +311,18 @@ RECIPES: dict[str, Recipe] = {
         ),
     )
 }
+
+
+def micro_batch_problem(params: dict[str, Any], ranks: int) -> str | None:
+    """Why ``micro_batch`` cannot be used with ``ranks`` ranks, or None. Every rank must
+    run as many micro-batches as the others, or the extra backward waits forever."""
+    micro, total = params.get("micro_batch"), params.get("global_batch") or 0
+    if not micro or (total % ranks == 0 and (total // ranks) % micro == 0):
+        return None
+    return (
+        f"global_batch {total} over {ranks} rank(s) does not split into micro-batches of "
+        f"{micro}: make global_batch a multiple of {ranks * micro}."
+    )
 
 
 def recipe_get(recipe_id: str) -> Recipe | None:

@@ -28,7 +28,7 @@ from registry.names import is_model_ref
 from registry.selectors import VersionRefError, register_as_problem, version_resolve
 from slurm.submit import SubmissionError
 
-from .catalog import Recipe, RecipeError, recipe_get
+from .catalog import Recipe, RecipeError, micro_batch_problem, recipe_get
 from .gpu_launch import env_block, partition_pool
 
 BODY_FIELDS = (
@@ -210,6 +210,12 @@ def recipe_plan(
     except SubmissionError as exc:
         errors.update(exc.fields)
         submission = None
+    nproc = 1
+    if submission is not None:
+        nproc = submission.gpus_per_node if real_gpus and submission.gpus_per_node else 1
+        problem = params and micro_batch_problem(params, submission.nodes * nproc)
+        if problem:
+            errors["overrides.micro_batch"] = problem
     if errors:
         raise LaunchError(errors)
     srun_cpus = _ask_for_the_node(submission, pool, cluster.provider)
@@ -219,7 +225,6 @@ def recipe_plan(
     if init_checkpoint:  # the runtime reads a path; the parameters keep what was asked
         config["init_from"] = init_checkpoint
         config.pop("init_from_version", None)
-    nproc = submission.gpus_per_node if real_gpus and submission.gpus_per_node else 1
     script = SCRIPT.format(
         recipe_id=recipe_id,
         title=recipe.title,

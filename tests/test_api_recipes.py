@@ -78,6 +78,15 @@ def test_bad_overrides_name_the_parameter(cluster, user_api, overrides, field):
     assert not Job.objects.exists()
 
 
+def test_micro_batch_must_split_every_ranks_share_evenly(cluster, user_api):
+    body = {"nodes": 2, "overrides": {"global_batch": 3, "micro_batch": 1}}
+    response = user_api.post("/api/v1/clusters/rc/recipes/sft/launch", body, format="json")
+    assert response.status_code == 400
+    message = response.json()["error"]["fields"]["overrides.micro_batch"]
+    assert "multiple of 2" in message
+    assert not Job.objects.exists()
+
+
 def test_continued_pretrain_needs_a_checkpoint(cluster, user_api):
     response = user_api.post(
         "/api/v1/clusters/rc/recipes/continued-pretrain/launch", {}, format="json"

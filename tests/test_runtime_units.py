@@ -145,3 +145,12 @@ def test_an_unknown_gpu_has_no_peak_in_the_table():
 
     assert gpu_peak_flops("NVIDIA Quadro P1000") is None
     assert UNKNOWN_GPU_FLOPS >= 989e12  # MFU of an unknown GPU is never inflated by A100's
+
+
+def test_micro_batches_are_even_over_ranks_or_refused():
+    from node.train.distributed import Dist
+
+    assert Dist(rank=1, world=2).micro_share(8, 2) == (4, 4, 2)
+    assert Dist(rank=0, world=2).micro_share(3, None) == (0, 2, 2)
+    with pytest.raises(ValueError, match="multiple of 2"):
+        Dist(rank=0, world=2).micro_share(3, 1)

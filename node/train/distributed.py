@@ -32,6 +32,20 @@ class Dist:
         first = self.rank * base + min(self.rank, extra)
         return first, base + (1 if self.rank < extra else 0)
 
+    def micro_share(self, total: int, micro: int | None) -> tuple[int, int, int]:
+        """(first, count, micro-batch size) of this rank's part of ``total``. With
+        ``micro`` set, every rank must run the same number of micro-batches: a rank with
+        one backward more than the others would wait in its collective forever."""
+        first, count = self.share(total)
+        if not micro:
+            return first, count, count
+        if total % self.world or (total // self.world) % micro:
+            raise ValueError(
+                f"micro_batch {micro} does not split global_batch {total} evenly over "
+                f"{self.world} ranks: global_batch must be a multiple of {self.world * micro}"
+            )
+        return first, count, micro
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

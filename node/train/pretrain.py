@@ -58,8 +58,7 @@ class PretrainTask:
         self.n = len(tokens) // self.seq_len
         if self.n < 1:
             raise ValueError(f"the corpus has {len(tokens)} tokens, fewer than seq_len")
-        self.first, self.count = d.share(cfg.global_batch)
-        self.micro = cfg.micro_batch or self.count
+        self.first, self.count, self.micro = d.micro_share(cfg.global_batch, cfg.micro_batch)
 
     def prepare(self, model, step: int):
         ids = sample_ids(self.cfg.seed, step, self.cfg.global_batch, self.n, self.first, self.count)

@@ -121,8 +121,8 @@ class RLTask:
     def __init__(self, cfg, d, tok, ref_model=None):
         self.cfg, self.d, self.tok, self.ref = cfg, d, tok, ref_model
         self.source = PairSource(cfg.data_path, cfg.seed, cfg.max_operand, salt=2)
-        self.first, self.count = d.share(cfg.global_batch)  # prompts
-        self.micro = cfg.micro_batch or self.count  # prompts per micro-batch
+        # prompts: this rank's share and how many per micro-batch
+        self.first, self.count, self.micro = d.micro_share(cfg.global_batch, cfg.micro_batch)
         self.group = cfg.rl.group_size
 
     def prepare(self, model, step: int):

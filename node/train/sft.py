@@ -43,8 +43,7 @@ class SFTTask:
     def __init__(self, cfg, d, tok):
         self.cfg, self.d, self.tok = cfg, d, tok
         self.source = PairSource(cfg.data_path, cfg.seed, cfg.max_operand, salt=1)
-        self.first, self.count = d.share(cfg.global_batch)
-        self.micro = cfg.micro_batch or self.count
+        self.first, self.count, self.micro = d.micro_share(cfg.global_batch, cfg.micro_batch)
 
     def prepare(self, model, step: int):
         pairs = self.source.for_step(step, self.cfg.global_batch, self.first, self.count)
