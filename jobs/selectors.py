@@ -9,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 
 from clusters.models import Cluster
 from mtc.retention import retention_days
@@ -31,6 +31,13 @@ def jobs_visible_to(user, cluster: Cluster) -> QuerySet[Job]:
         .defer("cluster__spec", "cluster__labels")
     )
     return qs if user.is_staff else qs.filter(owner=user)
+
+
+def job_rows(qs: QuerySet[Job], fields: tuple[str, ...]) -> QuerySet[dict]:
+    """The jobs of ``qs`` as dicts of ``fields`` plus ``cluster_name`` and ``owner_name``
+    (None for jobs from outside mtc): a list page reads no Job, User or Cluster objects."""
+    names = {"cluster_name": F("cluster__cluster_id"), "owner_name": F("owner__username")}
+    return qs.values(*fields, **names)
 
 
 def job_state_counts(qs: QuerySet[Job]) -> dict[str, int]:

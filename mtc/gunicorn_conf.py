@@ -6,6 +6,7 @@ MTC_WEB_WORKERS  processes (default: one per core)
 MTC_WEB_THREADS  threads per process (default 6)
 """
 
+import gc
 import os
 
 bind = os.environ.get("MTC_BIND", f"127.0.0.1:{os.environ.get('MTC_PORT', '8000')}")
@@ -43,3 +44,7 @@ def post_worker_init(worker):
     from django.urls import get_resolver
 
     get_resolver().url_patterns  # noqa: B018
+    # Django, DRF and every view are loaded: move those ~130k objects out of the collector's
+    # sight. A full collection otherwise walks them all, stalling every thread of the worker
+    # for ~90 ms every few seconds under load (~7 ms once they are frozen).
+    gc.freeze()

@@ -410,3 +410,20 @@ def test_agent_runs_on_python38(node, env):
     rc, report, stderr = run_agent(node, env, python=PYTHON38)
     assert rc == 0, stderr
     assert set(statuses(report).values()) == {"pass"}
+
+
+def test_the_shims_tools_name_their_interpreter_and_need_no_path(node):
+    """The agent runs the tools several times a round on every node: each starts the
+    interpreter mtc runs on directly (isolated, no site), not whatever `python3` PATH
+    finds first (pyenv's shim is a bash script that costs ~0.13 s of CPU a call)."""
+    tool = node / "bin" / "nvidia-smi"
+    assert tool.read_text().splitlines()[0] == f"#!{sys.executable} -IS"
+    proc = subprocess.run(
+        [str(tool), "-L"],
+        env={"PATH": "/nonexistent", "MTC_NODE_DIR": str(node)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("GPU ")]) == 8

@@ -705,3 +705,27 @@ def test_submit_and_control_a_real_job_through_the_pages(local_clusters, user):
     assert "it cannot be cancelled" in html(again)
     queue = html(client.get("/clusters/jp/jobs/?state=CANCELLED"))
     assert rows(queue) == [job.job_id]
+
+
+def test_the_api_list_shows_each_job_as_its_detail_does_in_flat_queries(operator, user):
+    """The list reads rows with values(); each item is what the job's own URL says of it
+    (less options, script and history), for jobs of mtc's users and from outside."""
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(operator)
+    cluster = make_cluster("alpha")
+    make_jobs(cluster, 4, owner=user)
+    make_jobs(cluster, 3, first=5, owner=None, name="shell")
+    url = "/api/v1/clusters/alpha/jobs"
+    with CaptureQueriesContext(connection) as few:
+        listed = api.get(url).json()["results"]
+    assert sorted(item["owner"] or "" for item in listed) == ["", "", "", *[user.username] * 4]
+    for item in listed:
+        detail = api.get(f"{url}/{item['job_id']}").json()
+        assert {k: detail[k] for k in item} == item
+        assert item["gpus"] == 16 and item["cluster"] == "alpha"
+    make_jobs(cluster, 60, first=8, owner=operator)
+    with CaptureQueriesContext(connection) as many:
+        assert len(api.get(url).json()["results"]) == 50
+    assert len(many) == len(few)

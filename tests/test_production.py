@@ -90,6 +90,9 @@ def _queue(name: str) -> str:
 
 
 def test_every_beat_task_exists_and_goes_to_the_polls_queue():
+    # As a worker starts: every app's tasks module (alone, this test would see only those
+    # some earlier test happened to import).
+    app.loader.import_default_modules()
     for entry in settings.CELERY_BEAT_SCHEDULE.values():
         assert entry["task"] in app.tasks, entry["task"]
         assert _queue(entry["task"]) == "polls", entry["task"]

@@ -39,7 +39,7 @@ TOKEN_FILE = "agent.token"
 # Slurm's health check: the quick checks only (no speed, correctness or deep DCGM), each
 # run well inside the 60 s slurmd gives a HealthCheckProgram.
 HEALTH_CHECKS = "disk,gpu,ecc,xid,dcgm"
-# The shim's tools are `#!/usr/bin/env python3`; slurmd gives its health check no PATH.
+# slurmd gives its health check no PATH: the script sets the system's.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The agent imported as a module (its bytecode cached) with the standard library only (-I -S):
 # slurmd waits for a HealthCheckProgram round before its node registers, so a 32-node

@@ -19,10 +19,12 @@ from .. import selectors, services
 from ..filtersets import JobFilterSet
 from ..models import Job
 from .serializers import (
+    JOB_ROW_FIELDS,
     JobDetailSerializer,
     JobOutputSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    job_row_representation,
 )
 
 
@@ -91,8 +93,8 @@ class JobListView(ClusterJobsMixin, GenericAPIView):
     @extend_schema(operation_id="jobs_list", responses=JobSerializer(many=True))
     def get(self, request, cluster_id):
         qs = self.filter_queryset(self.get_queryset())
-        page = self.paginate_queryset(qs)
-        return self.get_paginated_response(JobSerializer(page, many=True).data)
+        page = self.paginate_queryset(selectors.job_rows(qs, JOB_ROW_FIELDS))
+        return self.get_paginated_response([job_row_representation(row) for row in page])
 
     @extend_schema(
         operation_id="jobs_submit",
