@@ -192,7 +192,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["mtc.api.parsers.JsonParser"],
     "DEFAULT_PAGINATION_CLASS": "mtc.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["mtc.api.filters.FilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "mtc.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "mtc.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
