@@ -134,3 +134,13 @@ def test_not_a_supported_hf_directory_exits_2(models, tmp_path, caplog, damage, 
     )
     assert code == 2
     assert message in caplog.text and str(bad) in caplog.text
+
+
+def test_rl_reference_policy_is_the_hf_model(models, tmp_path):
+    """kl to the initial policy, loaded from the directory too: zero at the first step."""
+    run_dir = tmp_path / "run"
+    rl = {"group_size": 2, "max_new_tokens": 4, "kl_coef": 0.1}
+    init = str(models["llama"])
+    assert run_inprocess(run_dir, recipe="rl", init_from=init, rl=rl, **SMALL) == 0
+    steps, _ = read_metrics(run_dir)
+    assert steps[1]["kl"] == pytest.approx(0.0, abs=1e-6)
