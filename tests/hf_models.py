@@ -31,7 +31,7 @@ def _tokenizer(family: str, text: str):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=320,
+        vocab_size=320 if family == "llama" else 321,  # gemma: rows split unevenly over 2
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,

@@ -144,3 +144,16 @@ def test_rl_reference_policy_is_the_hf_model(models, tmp_path):
     assert run_inprocess(run_dir, recipe="rl", init_from=init, rl=rl, **SMALL) == 0
     steps, _ = read_metrics(run_dir)
     assert steps[1]["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_special_ids_fall_back_to_the_configs(models, tmp_path):
+    """No tokenizer_config.json: generation_config.json's ids, then config.json's."""
+    from node.train.hf import hf_special_ids
+
+    bare = tmp_path / "bare"
+    shutil.copytree(models["gemma"], bare)
+    (bare / "tokenizer_config.json").unlink()
+    config = json.loads((bare / "config.json").read_text())
+    (bare / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 6]}))
+    ids = hf_special_ids(bare, {**config, "bos_token_id": 3, "pad_token_id": None})
+    assert ids == {"bos": 3, "eos": 5, "pad": 5}
