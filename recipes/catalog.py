@@ -202,8 +202,11 @@ INIT_FROM = Param(
     "init_from",
     "checkpoint",
     None,
-    "Where to start: a registered version (models/<name>@<alias or version>) or the "
-    "checkpoint directory of an earlier run (its latest complete checkpoint is loaded).",
+    "Where to start: a registered version (models/<name>@<alias or version>), the "
+    "checkpoint directory of an earlier run (its latest complete checkpoint is loaded), or "
+    "a local Hugging Face model directory (config.json of a llama, gemma or gemma2 model, "
+    "*.safetensors, tokenizer.json): the run's model is that config, its tokenizer that "
+    "tokenizer, and the model preset is ignored.",
 )
 MAX_OPERAND = Param(
     "max_operand", "int", 9, "Largest operand of the generated arithmetic tasks.", 1, 999

@@ -30,6 +30,7 @@ from slurm.submit import SubmissionError
 
 from .catalog import Recipe, RecipeError, micro_batch_problem, recipe_get
 from .gpu_launch import env_block, partition_pool
+from .hf_init import hf_init_problem
 
 BODY_FIELDS = (
     "nodes",
@@ -143,6 +144,10 @@ def _unreadable_paths(recipe: Recipe, params: dict[str, Any], owner, errors: dic
             errors[f"overrides.{param.name}"] = (
                 f"Not found, or your account ({who}) may not read it."
             )
+        elif param.kind == "checkpoint":  # a Hugging Face model directory is checked whole
+            problem = hf_init_problem(account, value)
+            if problem:
+                errors[f"overrides.{param.name}"] = problem
 
 
 def _register_as(body: dict, owner, errors: dict[str, str]) -> str:

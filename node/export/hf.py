@@ -29,27 +29,32 @@ class ExportError(Exception):
     """The checkpoint cannot be exported (a permanent failure: retrying will not help)."""
 
 
-def _tokenizer(path: Path, max_length: int):
-    """The run's tokenizer with <|bos|> put before every text: the sft and rl recipes
-    train on ``<bos> prompt response <eos>``, so a plain ``tokenizer(prompt)`` prompts it
-    the way it learned."""
+def _tokenizer(path: Path, max_length: int, ids: dict | None = None):
+    """The run's tokenizer with its bos token put before every text: the sft and rl
+    recipes train on ``<bos> prompt response <eos>``, so a plain ``tokenizer(prompt)``
+    prompts it the way it learned. ``ids``: the bos/eos/pad ids of a Hugging Face model's
+    tokenizer (model.json's ``special_ids``); else mtc's own special tokens."""
     from tokenizers import Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
     from node.train.tokenizer import BOS, EOS, PAD
 
     backend = Tokenizer.from_file(str(path))
-    bos_id = backend.token_to_id(BOS)
-    if bos_id is None or backend.token_to_id(EOS) is None or backend.token_to_id(PAD) is None:
-        raise ExportError(f"{path.name} lacks the {PAD}/{BOS}/{EOS} special tokens")
+    if ids:
+        bos, eos, pad = (backend.id_to_token(ids[k]) for k in ("bos", "eos", "pad"))
+    else:
+        bos, eos, pad = BOS, EOS, PAD
+    bos_id = backend.token_to_id(bos) if bos else None
+    if bos_id is None or backend.token_to_id(eos) is None or backend.token_to_id(pad) is None:
+        raise ExportError(f"{path.name} lacks the {pad}/{bos}/{eos} special tokens")
     backend.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, bos_id)]
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, bos_id)]
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
         model_max_length=max_length,
     )
 
@@ -74,9 +79,16 @@ def _model(checkpoint: Path, tok):
     if not saved:
         raise ExportError("the checkpoint has no readable model.json (its model shape)")
     preset = Preset.from_dict(saved)
-    config, cls = hf_config(
-        preset, pad_id=tok.pad_token_id, bos_id=tok.bos_token_id, eos_id=tok.eos_token_id
-    )
+    if isinstance(saved.get("hf_config"), dict):  # a run from a Hugging Face directory
+        from node.train.hf import hf_model_class
+
+        config, cls = hf_model_class(saved["hf_config"])
+        config.pad_token_id, config.bos_token_id = tok.pad_token_id, tok.bos_token_id
+        config.eos_token_id = tok.eos_token_id
+    else:
+        config, cls = hf_config(
+            preset, pad_id=tok.pad_token_id, bos_id=tok.bos_token_id, eos_id=tok.eos_token_id
+        )
     config.use_cache = True  # training turned it off; generation wants it
     model = cls(config)
     checkpoint_load(d=Dist(), path=checkpoint, model=model)  # DCP reshards to one process
@@ -105,7 +117,8 @@ def checkpoint_export(*, checkpoint: Path, out_dir: Path, info: dict) -> dict:
     if not (checkpoint / TOKENIZER_FILE).is_file():
         raise ExportError(f"{checkpoint}: no {TOKENIZER_FILE}")
     saved = _json_of(checkpoint, "model.json") or {}
-    tok = _tokenizer(checkpoint / TOKENIZER_FILE, int(saved.get("max_position", 8192)))
+    max_length = int(saved.get("max_position", 8192))
+    tok = _tokenizer(checkpoint / TOKENIZER_FILE, max_length, saved.get("special_ids"))
     model, preset, state = _model(checkpoint, tok)
     if state.get("recipe") in CHAT_RECIPES or info.get("recipe") in CHAT_RECIPES:
         tok.chat_template = CHAT_TEMPLATE

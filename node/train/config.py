@@ -136,7 +136,9 @@ def _check(cfg: RunConfig) -> None:
     if cfg.family not in ("llama", "gemma"):
         problems.append("family must be llama or gemma")
     if cfg.recipe == "continued-pretrain" and not cfg.init_from:
-        problems.append("continued-pretrain needs init_from (a checkpoint directory)")
+        problems.append(
+            "continued-pretrain needs init_from (a checkpoint or Hugging Face model directory)"
+        )
     if cfg.recipe == "rl" and cfg.rl.group_size < 2:
         problems.append("rl.group_size must be at least 2 (advantages are group-relative)")
     if cfg.corpus_bytes is not None and cfg.corpus_bytes < 1:

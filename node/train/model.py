@@ -62,10 +62,25 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 
 def model_build(
-    p: Preset, *, d, seed: int, precision: str, activation_checkpointing: bool, compile: bool
+    p: Preset,
+    *,
+    d,
+    seed: int,
+    precision: str,
+    activation_checkpointing: bool,
+    compile: bool,
+    hf: dict | None = None,
 ):
-    """The model, sharded when the job has more than one process, initialised from seed."""
-    config, cls = hf_config(p)
+    """The model, sharded when the job has more than one process, initialised from seed.
+    ``hf``: a Hugging Face config.json's contents, the model's config instead of the
+    preset's (init_from a Hugging Face directory; its weights are loaded afterwards)."""
+    if hf is not None:
+        from .hf import hf_model_class
+
+        config, cls = hf_model_class(hf)
+        config.use_cache = False
+    else:
+        config, cls = hf_config(p)
     # Gemma 2's logit soft-capping is not in SDPA; its authors train it with eager attention.
     attn = "eager" if p.arch == "gemma2" else "sdpa"
     config._attn_implementation = attn

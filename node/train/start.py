@@ -1,10 +1,10 @@
 """Everything before the first step: where the run starts (its own newest complete
-checkpoint, else ``init_from``, else scratch), the model shape, the tokenizer, the
-sharded model and optimizer with their state loaded, and the recipe's task."""
+checkpoint, else ``init_from``: a checkpoint or a Hugging Face model directory, else
+scratch), the model shape, the tokenizer, the sharded model and optimizer with their
+state loaded, and the recipe's task."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -24,6 +24,8 @@ from .config import RunConfig
 from .corpus import corpus_documents
 from .data import STDLIB_CHARS
 from .distributed import Dist
+from .hf import HFError, hf_config_read, hf_preset, hf_special_ids, hf_weights_load, model_json
+from .hfdir import hf_dir_problem, is_hf_dir
 from .model import model_build
 from .optim import optimizer_build
 from .presets import Preset
@@ -57,17 +59,24 @@ class Prepared:
 
 def _start_plan(cfg: RunConfig, d: Dist) -> dict:
     """Rank 0 decides where the run starts; every rank gets the same answer."""
-    plan: dict = {"resume": None, "init": None, "skipped": [], "error": None}
+    plan: dict = {"resume": None, "init": None, "hf": False, "skipped": [], "error": None}
     if d.is_main:
         resume, skipped = checkpoint_find(cfg.checkpoint_dir)
         plan["skipped"] = [(str(p), why) for p, why in skipped]
         if resume is not None:
             plan["resume"] = str(resume)
+        elif cfg.init_from and is_hf_dir(cfg.init_from):
+            problem = hf_dir_problem(cfg.init_from)
+            plan["error"] = f"init_from {cfg.init_from}: {problem}" if problem else None
+            plan["init"], plan["hf"] = str(Path(cfg.init_from).resolve()), True
         elif cfg.init_from:
             init, skipped = checkpoint_resolve(cfg.init_from)
             plan["skipped"] += [(str(p), why) for p, why in skipped]
             if init is None:
-                plan["error"] = f"init_from {cfg.init_from}: no complete checkpoint there"
+                plan["error"] = (
+                    f"init_from {cfg.init_from}: no complete checkpoint there, and not a "
+                    "Hugging Face model directory (no config.json, no *.safetensors)"
+                )
             else:
                 plan["init"] = str(init)
     return d.broadcast(plan)
@@ -91,7 +100,32 @@ def _preset(cfg: RunConfig, source: Path | None) -> Preset:
     return preset
 
 
-def _tokenizer(cfg: RunConfig, d: Dist, source: Path | None, preset: Preset) -> Tok:
+def _shape(
+    cfg: RunConfig, source: Path | None, hf: bool
+) -> tuple[Preset, dict | None, dict | None]:
+    """(preset, Hugging Face config or None, special token ids or None): read from an
+    init_from Hugging Face directory, else kept in the starting checkpoint's model.json
+    (a run that began from a Hugging Face directory carries its config along)."""
+    if hf and source is not None:
+        config = hf_config_read(source)
+        preset = hf_preset(config, source.name)
+        log.info("model: %s's config.json (%s)", source, config["model_type"])
+        return preset, config, hf_special_ids(source, config)
+    saved = (checkpoint_json(source, "model.json") if source else None) or {}
+    return _preset(cfg, source), saved.get("hf_config"), saved.get("special_ids")
+
+
+def _weights_from(d: Dist, path: Path, model) -> None:
+    """Model weights only (init_from, the rl reference policy)."""
+    if is_hf_dir(path):
+        hf_weights_load(model, path)
+    else:
+        checkpoint_load(d=d, path=path, model=model)
+
+
+def _tokenizer(
+    cfg: RunConfig, d: Dist, source: Path | None, preset: Preset, ids: dict | None = None
+) -> Tok:
     """run_dir/tokenizer.json: kept from an earlier attempt, copied from the checkpoint
     the run starts from, or trained here on the recipe's own text."""
     path = cfg.path / TOKENIZER_FILE
@@ -116,9 +150,9 @@ def _tokenizer(cfg: RunConfig, d: Dist, source: Path | None, preset: Preset) -> 
             tok.save(path)
             log.info("tokenizer: trained a %d-token BPE in %.1fs", tok.vocab_size, time.time() - t0)
     d.barrier()
-    tok = tokenizer_load(path)
+    tok = tokenizer_load(path, ids)
     if shard_set:
-        theirs = tokenizer_load(_shard_tokenizer(cfg.data_path))
+        theirs = tokenizer_load(_shard_tokenizer(cfg.data_path), ids)
         if theirs.fingerprint() != tok.fingerprint():
             raise RunError(
                 f"the shards in {cfg.data_path} were tokenized with another tokenizer than "
@@ -175,10 +209,13 @@ def run_prepare(cfg: RunConfig, d: Dist) -> Prepared:
     else:
         ref_init = plan["init"]
 
-    preset = _preset(cfg, source)
+    try:
+        preset, hf_cfg, ids = _shape(cfg, source, plan["hf"] and resume is None)
+    except HFError as exc:
+        raise RunError(str(exc)) from None
     if d.is_main:
-        (cfg.path / "model.json").write_text(json.dumps(preset.to_dict(), indent=1))
-    tok = _tokenizer(cfg, d, source, preset)
+        (cfg.path / "model.json").write_text(model_json(preset, hf_cfg, ids))
+    tok = _tokenizer(cfg, d, source, preset, ids)
 
     precision = cfg.precision
     if precision == "auto":
@@ -189,6 +226,7 @@ def run_prepare(cfg: RunConfig, d: Dist) -> Prepared:
         "precision": precision,
         "activation_checkpointing": cfg.activation_checkpointing,
         "compile": cfg.compile,
+        "hf": hf_cfg,
     }
     model = model_build(preset, **build)
     optimizer = optimizer_build(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -201,7 +239,10 @@ def run_prepare(cfg: RunConfig, d: Dist) -> Prepared:
         else:
             log.warning("resume: no RNG state for this rank/world size; data order is unaffected")
     elif init is not None:
-        checkpoint_load(d=d, path=init, model=model)
+        try:
+            _weights_from(d, init, model)
+        except HFError as exc:
+            raise RunError(str(exc)) from None
 
     ref_model = None
     if cfg.recipe == "rl" and cfg.rl.kl_coef > 0:
@@ -209,7 +250,7 @@ def run_prepare(cfg: RunConfig, d: Dist) -> Prepared:
         # seed's initialisation (rebuilt the same way), whatever step it resumes at.
         ref_model = model_build(preset, **{**build, "compile": False})
         if ref_init:
-            checkpoint_load(d=d, path=Path(ref_init), model=ref_model)
+            _weights_from(d, Path(ref_init), ref_model)
         ref_model.requires_grad_(False)
     return Prepared(
         preset=preset,

@@ -1,7 +1,9 @@
 """A byte-level BPE tokenizer trained locally (the ``tokenizers`` package), so no run ever
 downloads one. Digits are split one per token (as Llama's tokenizers do), which keeps
 arithmetic learnable by small models. Saved as run_dir/tokenizer.json; a later run that
-starts from this run's checkpoint (continued-pretrain, sft, rl) loads the same file."""
+starts from this run's checkpoint (continued-pretrain, sft, rl) loads the same file. A run
+from a Hugging Face model directory uses that model's tokenizer.json instead (its special
+ids are kept in model.json, see node/train/hf.py)."""
 
 from __future__ import annotations
 
@@ -19,11 +21,16 @@ TOKENIZER_FILE = "tokenizer.json"
 class Tok:
     """The few things the runtime needs from a tokenizer."""
 
-    def __init__(self, tok: Tokenizer):
+    def __init__(self, tok: Tokenizer, ids: dict[str, int] | None = None):
+        """``ids``: bos/eos/pad of a tokenizer that is not mtc's own (a Hugging Face
+        model's); without them the <|pad|>/<|bos|>/<|eos|> tokens are looked up."""
         self.tok = tok
-        self.pad_id = tok.token_to_id(PAD)
-        self.bos_id = tok.token_to_id(BOS)
-        self.eos_id = tok.token_to_id(EOS)
+        if ids:
+            self.pad_id, self.bos_id, self.eos_id = ids["pad"], ids["bos"], ids["eos"]
+        else:
+            self.pad_id = tok.token_to_id(PAD)
+            self.bos_id = tok.token_to_id(BOS)
+            self.eos_id = tok.token_to_id(EOS)
         if None in (self.pad_id, self.bos_id, self.eos_id):
             raise ValueError("tokenizer lacks the <|pad|>/<|bos|>/<|eos|> special tokens")
 
@@ -68,5 +75,5 @@ def tokenizer_train(texts: Iterable[str], vocab_size: int) -> Tok:
     return Tok(tok)
 
 
-def tokenizer_load(path: Path) -> Tok:
-    return Tok(Tokenizer.from_file(str(path)))
+def tokenizer_load(path: Path, ids: dict[str, int] | None = None) -> Tok:
+    return Tok(Tokenizer.from_file(str(path)), ids)
