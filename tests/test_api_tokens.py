@@ -122,3 +122,23 @@ def test_tokens_api_own_only(db, user, operator):
     assert api.delete(f"/api/v1/tokens/{theirs.pk}").status_code == 404
     assert api.delete(f"/api/v1/tokens/{made.json()['id']}").status_code == 204
     assert _client(f"Token {made.json()['key']}").get(URL).status_code == 401
+
+
+def test_the_token_lookup_builds_what_the_orm_would(db, user, operator):
+    """mtc/api/auth.py's one-statement lookup: every field of the token and its user as
+    select_related would load them (datetimes as datetimes on SQLite too)."""
+    from mtc.api.auth import token_lookup
+
+    token_create(user=operator, name="other")
+    row, key = token_create(user=user, name="ci", expires_days=3)
+    ApiToken.objects.filter(pk=row.pk).update(last_used=timezone.now())
+    found = token_lookup(key_hash(key))
+    expected = ApiToken.objects.select_related("user").get(pk=row.pk)
+    for model_fields, got, want in (
+        (ApiToken._meta.concrete_fields, found, expected),
+        (user._meta.concrete_fields, found.user, expected.user),
+    ):
+        for field in model_fields:
+            assert getattr(got, field.attname) == getattr(want, field.attname), field.name
+    assert found.user.username == user.username and not found._state.adding
+    assert token_lookup(key_hash("not-a-key")) is None
