@@ -43,6 +43,11 @@ LUSTRE_TIERS = (125, 250, 500, 1000)
 # Slurm settings that mtc itself owns (ports, paths, auth): a spec may not override them.
 RESERVED_SLURM_KEYS = {
     "clustername",
+    # The installation's slurmdbd (mtc/accounting.py) and the munged it trusts.
+    "accountingstoragetype",
+    "accountingstoragehost",
+    "accountingstorageport",
+    "accountingstoragepass",
     "slurmctldhost",
     "slurmctldport",
     "slurmdport",
