@@ -239,3 +239,15 @@ def test_array_tasks_inherit_the_arrays_owner_and_it_sums_them_up(cluster, user)
         queue=[qjob("9_0", "COMPLETED"), qjob("9_1", "FAILED"), qjob("9_2", "COMPLETED")],
     )
     assert Job.objects.get(job_id="9").state == "FAILED"
+
+
+def test_the_job_page_shows_accounting(cluster, operator):
+    from django.test import Client
+
+    jobs_sync(cluster=cluster, queue=[qjob("1", "RUNNING")])
+    jobs_sync(cluster=cluster, queue=[], accounting=records(**{"1": acct("1", elapsed_s=3725)}))
+    browser = Client()
+    browser.force_login(operator)
+    page = browser.get("/clusters/sy/jobs/1/").content.decode()
+    assert "ran 1:02:05" in page and "CPU time 0:03" in page and "8 GPUs allocated" in page
+    assert "90.6" in page  # max memory, 95,000,000 bytes as MB

@@ -44,6 +44,18 @@ class JobSerializer(serializers.Serializer):
     end_time = serializers.DateTimeField(allow_null=True)
     exit_code = serializers.CharField(help_text="exit:signal, as Slurm; empty until it ends")
     requeue_count = serializers.IntegerField()
+    elapsed_s = serializers.IntegerField(
+        allow_null=True, help_text="Run time in seconds, from accounting once it ended"
+    )
+    cpu_time_s = serializers.FloatField(
+        allow_null=True, help_text="CPU time its processes used, s (accounting)"
+    )
+    max_rss_bytes = serializers.IntegerField(
+        allow_null=True, help_text="Largest resident memory of any step (accounting)"
+    )
+    gpus_allocated = serializers.IntegerField(
+        allow_null=True, help_text="GPUs allocated (accounting's gres/gpu TRES)"
+    )
     array_task_id = serializers.IntegerField(allow_null=True)
     recipe = serializers.CharField(help_text="Empty unless a recipe launched it")
     register_as = serializers.CharField(help_text="Model the final checkpoint registers under")
@@ -75,6 +87,10 @@ class JobSerializer(serializers.Serializer):
             "end_time": _iso(job.end_time),
             "exit_code": job.exit_code,
             "requeue_count": job.requeue_count,
+            "elapsed_s": job.elapsed_s,
+            "cpu_time_s": job.cpu_time_s,
+            "max_rss_bytes": job.max_rss_bytes,
+            "gpus_allocated": job.gpus_allocated,
             "array_task_id": job.array_task_id,
             "recipe": job.recipe,
             "register_as": job.register_as,
