@@ -7,6 +7,12 @@ the adapter's submit through slurmrestd, and the API's submit, with the ratio th
 issue asks for (API submit / raw sbatch).
 
     .venv/bin/python bench/jobs_scale.py [--jobs 10000] [--submits 120] [--submit-only]
+                                         [--history 1000000]
+
+--history N: only the poll figures, and the steady-state poll again once N finished
+(settled) rows of the same cluster are in the database: a round reads the queue and
+the unsettled rows only, so its time should not follow the history (acceptance: at
+most 1.2x the time with none).
 """
 
 from __future__ import annotations
@@ -82,6 +88,56 @@ def compare_queue_reads(client_slurm, label: str) -> None:
     )
 
 
+def poll_with_history(cluster: Cluster, rows: int, steady: float) -> None:
+    """Add ``rows`` finished, settled jobs (bulk, 20,000 a statement) and time the
+    steady-state poll again against ``steady``, the time without them."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from mtc.db import bulk_insert
+
+    start = time.perf_counter()
+    now = timezone.now()
+    base = 10_000_000  # ids clear of the queue's
+    batch = 20_000
+    for first in range(0, rows, batch):
+        with transaction.atomic():
+            bulk_insert(
+                Job,
+                [
+                    {
+                        "cluster_id": cluster.pk,
+                        "job_id": str(base + i),
+                        "job_number": base + i,
+                        "name": "history",
+                        "user": "root",
+                        "partition": "gpu",
+                        "state": "COMPLETED",
+                        "exit_code": "0:0",
+                        "submit_time": now,
+                        "end_time": now,
+                        "elapsed_s": 60,
+                        "settled": True,
+                        "update_time": now,
+                    }
+                    for i in range(first, min(rows, first + batch))
+                ],
+            )
+    print(f"\ninserted {rows} finished rows in {time.perf_counter() - start:.1f} s")
+    with connection.cursor() as cursor:  # fresh planner statistics, as a live database has
+        cursor.execute("ANALYZE")
+    jobs_sync(cluster=cluster)
+    with_history, _ = timed(lambda: jobs_sync(cluster=cluster), repeat=9)
+    with CaptureQueriesContext(connection) as ctx:
+        jobs_sync(cluster=cluster)
+    print(
+        f"steady-state poll, no history:        {steady * 1000:7.1f} ms\n"
+        f"steady-state poll, {rows:>9,} finished: {with_history * 1000:7.1f} ms, "
+        f"{len(ctx.captured_queries)} queries\n"
+        f"ratio {with_history / steady:.2f} (acceptance: at most 1.2)"
+    )
+
+
 def compare_submits(web: Client, cluster: Cluster, client_slurm, env: dict, repeat: int) -> None:
     """Raw sbatch, the adapter's REST submit and the API's submit of the same tiny job,
     interleaved (each round in a rotating order) so drift hits all three alike."""
@@ -148,6 +204,9 @@ def main() -> None:
         "--submit-only", action="store_true", help="only the submit comparison (no 10k queue)"
     )
     parser.add_argument(
+        "--history", type=int, default=0, help="finished rows to add for a second steady poll"
+    )
+    parser.add_argument(
         "--distinct",
         type=int,
         default=3000,
@@ -204,7 +263,7 @@ def main() -> None:
         start = time.perf_counter()
         stats = jobs_sync(cluster=cluster)
         first_sync = time.perf_counter() - start
-        steady, _ = timed(lambda: jobs_sync(cluster=cluster))
+        steady, _ = timed(lambda: jobs_sync(cluster=cluster), repeat=9 if args.history else 5)
         with CaptureQueriesContext(connection) as ctx:
             jobs_sync(cluster=cluster)
         print(f"full sync, first (creates {stats['created']} rows): {first_sync * 1000:7.1f} ms")
@@ -212,6 +271,9 @@ def main() -> None:
             f"full sync, steady state (squeue + compare):  {steady * 1000:7.1f} ms, "
             f"{len(ctx.captured_queries)} queries"
         )
+        if args.history:  # the history would change every figure after this one
+            poll_with_history(cluster, args.history, steady)
+            return
         Job.objects.update(owner=admin, submitted_by_mtc=True)
 
         print(f"\nat {Job.objects.count()} jobs (server time, median of 7; query count):")
