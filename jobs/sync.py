@@ -105,7 +105,8 @@ def _rows(cluster: Cluster, queue: list[QueueJob]) -> dict[str, Job]:
         *SYNCED,
     )
     rows = {job.job_id: job for job in base.filter(settled=False)}
-    wanted = {q.job_id for q in queue} | {str(q.job_number) for q in queue if q.array_task_id}
+    wanted = {q.job_id for q in queue}
+    wanted |= {str(q.job_number) for q in queue if q.array_task_id is not None}
     ids = sorted(wanted - rows.keys())
     for start in range(0, len(ids), ID_CHUNK):
         rows.update((j.job_id, j) for j in base.filter(job_id__in=ids[start : start + ID_CHUNK]))
