@@ -195,6 +195,8 @@ def _start_slurmdbd(d: dict[str, Path], *, db_port: int, dbd_port: int) -> None:
     pid_file = d["run"] / "slurmdbd.pid"
     if _pid(pid_file):
         return
+    if _port_open(dbd_port):  # another installation's slurmdbd: its munge key is not ours
+        raise AccountingError(f"port {dbd_port} is taken (set MTC_SLURMDBD_PORT)")
     user = pwd.getpwuid(os.geteuid()).pw_name
     password = (d["etc"] / "db.pass").read_text().strip()
     conf = "\n".join(

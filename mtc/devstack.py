@@ -134,6 +134,7 @@ class Stack:
         try:
             accounting.start(root, dbd_port=port)
         except (accounting.AccountingError, OSError) as exc:
+            accounting.stop(root)  # what did start of it
             self.env.pop("MTC_SLURMDBD_PORT", None)
             return f"accounting did not start ({exc}): clusters run without it"
         self.accounting_dir = root
