@@ -34,10 +34,10 @@ def cluster(local_clusters):
     return Cluster.objects.get(cluster_id="ac")
 
 
-def sbatch(script: str) -> str:
+def sbatch(script: str, *args: str) -> str:
     conf = cluster_root("ac") / "etc" / "slurm.conf"
     out = subprocess.run(
-        ["sbatch", "--parsable", "--output=/dev/null", "--wrap", script],
+        ["sbatch", "--parsable", "--output=/dev/null", *args, "--wrap", script],
         env=dict(os.environ, SLURM_CONF=str(conf)),
         check=True,
         capture_output=True,
@@ -52,13 +52,15 @@ def test_jobs_that_end_unseen_get_their_end_from_sacct(cluster, operator_api):
     assert "AccountingStorageTRES=gres/gpu" in conf
     ok = sbatch("sleep 2")
     bad = sbatch("sleep 2; exit 3")
+    array = sbatch("sleep 2", "--array=0-1")
+    tasks = [f"{array}_0", f"{array}_1"]
     jobs_sync(cluster=cluster)  # the poller sees them queued or running
     assert all(j.state != "COMPLETED" for j in Job.objects.filter(cluster=cluster))
 
     # Workers stopped: nobody polls while the jobs end and Slurm forgets them.
     client = get_provider(cluster.provider).slurm(cluster)
     wait_until(
-        lambda: not {ok, bad} & {q.job_id for q in client.queue()},
+        lambda: not {ok, bad, array, *tasks} & {q.job_id for q in client.queue()},
         what=lambda: f"jobs {ok} and {bad} to leave squeue: {client.queue()}",
         timeout=90,
         every=1,
@@ -70,6 +72,10 @@ def test_jobs_that_end_unseen_get_their_end_from_sacct(cluster, operator_api):
     assert (failed.state, failed.exit_code) == ("FAILED", "3:0")
     assert done.elapsed_s >= 2 and failed.elapsed_s >= 2
     assert done.end_time and done.start_time and done.end_time > done.start_time
+    assert Job.objects.filter(job_number=int(array)).count() == 2
+    for task in Job.objects.filter(job_number=int(array)):  # tasks: 12_0 in sacct too
+        assert (task.state, task.exit_code, task.settled) == ("COMPLETED", "0:0", True), task
+        assert task.elapsed_s >= 2
     assert not Job.objects.filter(state="UNKNOWN").exists()
     body = operator_api.get(f"/api/v1/clusters/ac/jobs/{bad}").json()
     assert (body["state"], body["exit_code"]) == ("FAILED", "3:0")
