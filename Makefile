@@ -8,10 +8,10 @@ VENV := .venv
 setup: ## install Debian packages and the .venv (idempotent)
 	@bash scripts/setup.sh
 
-run: setup ## migrate, start Redis, two Celery workers (operations, polls + beat), gunicorn, the demo cluster
+run: setup ## migrate, start Redis, accounting (MariaDB + slurmdbd), two Celery workers (operations, polls + beat), gunicorn, the demo cluster
 	@bash scripts/run.sh
 
-test: setup ## start a private Redis, run every test, clean up
+test: setup ## start a private Redis (and MariaDB + slurmdbd), run every test, clean up
 	@bash scripts/test.sh $(ARGS)
 
 lint: setup

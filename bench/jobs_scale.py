@@ -7,6 +7,12 @@ the adapter's submit through slurmrestd, and the API's submit, with the ratio th
 issue asks for (API submit / raw sbatch).
 
     .venv/bin/python bench/jobs_scale.py [--jobs 10000] [--submits 120] [--submit-only]
+                                         [--history 1000000]
+
+--history N: only the poll figures, and the steady-state poll again once N finished
+(settled) rows of the same cluster are in the database: a round reads the queue and
+the unsettled rows only, so its time should not follow the history (acceptance: at
+most 1.2x the time with none).
 """
 
 from __future__ import annotations
@@ -82,6 +88,86 @@ def compare_queue_reads(client_slurm, label: str) -> None:
     )
 
 
+def _poll_times(cluster: Cluster) -> dict[str, list[float]]:
+    """9 steady-state polls, whole (squeue + database) and the database part alone
+    (the queue read once beforehand), interleaved so load drift hits both alike."""
+    queue = get_provider("local").slurm(cluster).queue()
+    times: dict[str, list[float]] = {"poll": [], "db": []}
+    for _ in range(9):
+        for label, fn in (
+            ("poll", lambda: jobs_sync(cluster=cluster)),
+            ("db", lambda: jobs_sync(cluster=cluster, queue=queue)),
+        ):
+            start = time.perf_counter()
+            fn()
+            times[label].append(time.perf_counter() - start)
+    return times
+
+
+def poll_with_history(cluster: Cluster, rows: int) -> None:
+    """The steady-state poll without history, with ``rows`` finished, settled jobs of
+    the same cluster (bulk, 20,000 a statement), and without them again (deleted):
+    the machine's load drifts, so 'none' is measured on both sides."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from mtc.db import bulk_insert
+
+    for _ in range(3):  # the daemons settle after the submits; caches warm
+        jobs_sync(cluster=cluster)
+    before = _poll_times(cluster)
+    start = time.perf_counter()
+    now = timezone.now()
+    base = 10_000_000  # ids clear of the queue's
+    batch = 20_000
+    for first in range(0, rows, batch):
+        with transaction.atomic():
+            bulk_insert(
+                Job,
+                [
+                    {
+                        "cluster_id": cluster.pk,
+                        "job_id": str(base + i),
+                        "job_number": base + i,
+                        "name": "history",
+                        "user": "root",
+                        "partition": "gpu",
+                        "state": "COMPLETED",
+                        "exit_code": "0:0",
+                        "submit_time": now,
+                        "end_time": now,
+                        "elapsed_s": 60,
+                        "settled": True,
+                        "update_time": now,
+                    }
+                    for i in range(first, min(rows, first + batch))
+                ],
+            )
+    print(f"\ninserted {rows:,} finished rows in {time.perf_counter() - start:.1f} s")
+    with connection.cursor() as cursor:  # fresh planner statistics, as a live database has
+        cursor.execute("ANALYZE")
+    jobs_sync(cluster=cluster)
+    with_history = _poll_times(cluster)
+    with CaptureQueriesContext(connection) as ctx:
+        jobs_sync(cluster=cluster)
+    queries = len(ctx.captured_queries)
+    start = time.perf_counter()
+    Job.objects.filter(cluster=cluster, job_number__gte=base)._raw_delete(connection.alias)
+    print(f"deleted them again in {time.perf_counter() - start:.1f} s")
+    after = _poll_times(cluster)
+    print("steady-state poll at the queue above (ms; median and min of 9 each):")
+    for label, what in (("poll", "squeue + database"), ("db", "database part alone")):
+        none = sorted(before[label] + after[label])
+        none_med, none_min = statistics.median(none), none[0]
+        hist_med, hist_min = statistics.median(with_history[label]), min(with_history[label])
+        print(
+            f"  {what:<20} none {none_med * 1000:7.1f} (min {none_min * 1000:6.1f})"
+            f"  {rows:,} finished {hist_med * 1000:7.1f} (min {hist_min * 1000:6.1f})"
+            f"  ratio {hist_med / none_med:.2f} (min/min {hist_min / none_min:.2f})"
+        )
+    print(f"  {queries} queries a round either way; acceptance: whole poll ratio at most 1.2")
+
+
 def compare_submits(web: Client, cluster: Cluster, client_slurm, env: dict, repeat: int) -> None:
     """Raw sbatch, the adapter's REST submit and the API's submit of the same tiny job,
     interleaved (each round in a rotating order) so drift hits all three alike."""
@@ -148,6 +234,9 @@ def main() -> None:
         "--submit-only", action="store_true", help="only the submit comparison (no 10k queue)"
     )
     parser.add_argument(
+        "--history", type=int, default=0, help="finished rows to add for a second steady poll"
+    )
+    parser.add_argument(
         "--distinct",
         type=int,
         default=3000,
@@ -212,6 +301,9 @@ def main() -> None:
             f"full sync, steady state (squeue + compare):  {steady * 1000:7.1f} ms, "
             f"{len(ctx.captured_queries)} queries"
         )
+        if args.history:  # the history would change every figure after this one
+            poll_with_history(cluster, args.history)
+            return
         Job.objects.update(owner=admin, submitted_by_mtc=True)
 
         print(f"\nat {Job.objects.count()} jobs (server time, median of 7; query count):")

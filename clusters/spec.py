@@ -43,6 +43,11 @@ LUSTRE_TIERS = (125, 250, 500, 1000)
 # Slurm settings that mtc itself owns (ports, paths, auth): a spec may not override them.
 RESERVED_SLURM_KEYS = {
     "clustername",
+    # The installation's slurmdbd (mtc/accounting.py) and the munged it trusts.
+    "accountingstoragetype",
+    "accountingstoragehost",
+    "accountingstorageport",
+    "accountingstoragepass",
     "slurmctldhost",
     "slurmctldport",
     "slurmdport",
@@ -451,6 +456,33 @@ def _check_storage(c: _Checker, storage: Any) -> None:
         mount(item.get("mount_point"), f"{path}.mount_point")
 
 
+SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,255}")
+DB_USER_RE = re.compile(r"[A-Za-z0-9_]{1,32}")
+
+
+def _check_accounting(c: _Checker, accounting: Any, path: str) -> None:
+    """gce: slurmdbd on the controller over MariaDB there (absent), or over a Cloud SQL
+    instance the spec names. Local clusters share the installation's slurmdbd."""
+    accounting = c.obj(accounting, path, required=False)
+    if accounting is None:
+        return
+    c.unknown(accounting, {"cloud_sql"}, path)
+    sql = c.obj(accounting.get("cloud_sql"), f"{path}.cloud_sql")
+    if sql is None:
+        return
+    base = f"{path}.cloud_sql"
+    c.unknown(sql, {"host", "port", "user", "password_secret"}, base)
+    c.string(sql.get("host"), f"{base}.host", pattern=IPV4_RE, hint="The instance's private IP.")
+    c.integer(sql.get("port"), f"{base}.port", required=False, minimum=1, maximum=65535)
+    c.string(sql.get("user"), f"{base}.user", pattern=DB_USER_RE, hint="A MySQL user name.")
+    c.string(
+        sql.get("password_secret"),
+        f"{base}.password_secret",
+        pattern=SECRET_RE,
+        hint="A Secret Manager secret id (its latest version is the password).",
+    )
+
+
 def _check_slurm(c: _Checker, orchestrator: Any, pools: dict[str, dict]) -> None:
     orchestrator = c.obj(orchestrator, "orchestrator_spec")
     if orchestrator is None:
@@ -468,9 +500,11 @@ def _check_slurm(c: _Checker, orchestrator: Any, pools: dict[str, dict]) -> None
             "prolog_bash_scripts",
             "epilog_bash_scripts",
             "config_overrides",
+            "accounting",
         },
         base,
     )
+    _check_accounting(c, slurm.get("accounting"), f"{base}.accounting")
     login = c.string(
         slurm.get("login_node_pool_id"),
         f"{base}.login_node_pool_id",

@@ -30,6 +30,21 @@ class Job(models.Model):
     end_time = models.DateTimeField(null=True, blank=True)
     exit_code = models.CharField(max_length=16, blank=True, help_text="exit:signal, as Slurm")
     requeue_count = models.PositiveIntegerField(default=0)
+    # From accounting (sacct), once the job has left the queue; null: not recorded.
+    elapsed_s = models.PositiveIntegerField(null=True, blank=True, help_text="Run time, s")
+    cpu_time_s = models.FloatField(null=True, blank=True, help_text="CPU time used, s")
+    max_rss_bytes = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Largest resident memory of any step"
+    )
+    gpus_allocated = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPUs allocated (gres/gpu TRES)"
+    )
+    # The poller reads only unsettled rows besides the queue: a row settles once its
+    # final record is stored (from sacct, or as it stands when there is no accounting).
+    settled = models.BooleanField(default=False)
+    gone_time = models.DateTimeField(
+        null=True, blank=True, help_text="When the poller first missed it from the queue"
+    )
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -60,6 +75,10 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["cluster", "-job_number", "array_task_id"]),
             models.Index(fields=["cluster", "state"]),
+            # The poller's round: the rows still waiting for their final record.
+            models.Index(
+                fields=["cluster"], condition=models.Q(settled=False), name="job_unsettled"
+            ),
             models.Index(fields=["cluster", "owner"]),
             # The retention purge: finished jobs by their end, across clusters.
             models.Index(fields=["state", "end_time"]),

@@ -1,8 +1,10 @@
-"""The poller's half: one squeue per cluster, stored in bulk."""
+"""The poller's half: one squeue per cluster, stored in bulk; the jobs that left the
+queue get their final record from accounting (settle.py)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
@@ -13,10 +15,12 @@ from clusters.models import Cluster
 from clusters.providers import get_provider
 from mtc.db import bulk_insert, bulk_update
 from slurm import SlurmError
+from slurm.accounting import AcctJob
 from slurm.queue import QueueJob
 
-from .choices import ACTIVE_STATES, JobState
+from .choices import ACTIVE_STATES
 from .models import Job, JobEvent
+from .settle import array_state, settle
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +43,6 @@ SYNCED = (
 )
 # Fields an array task takes from the array's own row (what mtc knows, Slurm does not).
 INHERITED = ("owner_id", "submitted_by_mtc", "recipe", "options", "parameters")
-# Most telling first: the state an array shows while its tasks differ.
-ARRAY_STATE_ORDER = [
-    JobState.RUNNING,
-    JobState.COMPLETING,
-    JobState.CONFIGURING,
-    JobState.PENDING,
-    JobState.REQUEUED,
-    JobState.SUSPENDED,
-]
-
-
 # squeue's text has no such bounds (a name set with sbatch -J may be 1024 characters, a
 # scattered node list longer than 500): cut to the column, which PostgreSQL enforces.
 _LIMITS = {
@@ -93,31 +86,53 @@ def apply_queue_job(job: Job, q: QueueJob, *, now: datetime, cause: str = "") ->
     return changed
 
 
-def _array_state(states: list[str]) -> str:
-    for state in ARRAY_STATE_ORDER:
-        if state in states:
-            return state
-    failed = [s for s in states if s != JobState.COMPLETED]
-    return failed[0] if failed else JobState.COMPLETED
+# Ids per `job_id IN (...)` query: under every database's parameter limit.
+ID_CHUNK = 5000
 
 
-def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[str, int]:
-    """Read the queue once and upsert every job. A job mtc thought active that left the
-    queue becomes UNKNOWN (there is no accounting database to ask how it ended)."""
+def _rows(cluster: Cluster, queue: list[QueueJob]) -> dict[str, Job]:
+    """The rows a round touches: the unsettled ones (mtc still waits for their end or
+    their final record) and the queue's own (array parents included), never the whole
+    history."""
+    base = Job.objects.filter(cluster=cluster).only(
+        "id",
+        "job_id",
+        "job_number",
+        "array_task_id",
+        "requeue_count",
+        "settled",
+        "gone_time",
+        *SYNCED,
+    )
+    rows = {job.job_id: job for job in base.filter(settled=False)}
+    wanted = {q.job_id for q in queue}
+    wanted |= {str(q.job_number) for q in queue if q.array_task_id is not None}
+    ids = sorted(wanted - rows.keys())
+    for start in range(0, len(ids), ID_CHUNK):
+        rows.update((j.job_id, j) for j in base.filter(job_id__in=ids[start : start + ID_CHUNK]))
+    return rows
+
+
+def jobs_sync(
+    *,
+    cluster: Cluster,
+    queue: list[QueueJob] | None = None,
+    accounting: Callable[[list[str]], dict[str, AcctJob]] | None = None,
+) -> dict[str, int]:
+    """Read the queue once and upsert every job in it. The unsettled jobs that left it
+    get their final record from accounting, one sacct call for all of them
+    (``accounting``: job ids -> records; the cluster's sacct by default)."""
+    client = None
     if queue is None:
+        client = get_provider(cluster.provider).slurm(cluster)
         try:
-            queue = get_provider(cluster.provider).slurm(cluster).queue()
+            queue = client.queue()
         except SlurmError as exc:
             log.info("squeue for %s failed: %s", cluster.cluster_id, exc)
             return {"created": 0, "updated": 0, "gone": 0}
     queue = [_fit(q) for q in queue]
     now = timezone.now()
-    existing = {
-        job.job_id: job
-        for job in Job.objects.filter(cluster=cluster).only(
-            "id", "job_id", "job_number", "array_task_id", "requeue_count", *SYNCED
-        )
-    }
+    existing = _rows(cluster, queue)
     task_states: dict[int, list[str]] = {}
     for q in queue:
         if q.array_task_id is not None:
@@ -152,6 +167,9 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
             new_rows.append(row)
             continue
         changed = _changes(job, q)
+        if job.gone_time is not None:  # back in the queue (requeued, or a glitch)
+            job.gone_time = None
+            changed.append("gone_time")
         if changed:
             if job.state != q.state or job.reason != q.reason:
                 events.append(_event(job.pk, now, q.state, q.reason, "seen by the poller"))
@@ -160,24 +178,31 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
             updated[job.pk] = job
 
     seen = {q.job_id for q in queue}
-    gone = 0
+    leavers = []
     for job_id, job in existing.items():
-        if job_id in seen:
+        if job_id in seen or job.settled:
             continue
         if job.job_number in parents and job.array_task_id is None:
-            state = _array_state(task_states[job.job_number])  # the array's own row
-            reason = ""
-        elif job.state in ACTIVE_STATES:
-            state, reason = JobState.UNKNOWN, "Left the queue unseen"
-            gone += 1
+            state = array_state(task_states[job.job_number])  # the array's own row
+            if job.state != state or job.reason:
+                events.append(_event(job.pk, now, state, "", "array tasks"))
+                job.state, job.reason, job.update_time = state, "", now
+                fields.update({"state", "reason"})
+                updated[job.pk] = job
         else:
-            continue
-        if job.state != state or job.reason != reason:
-            cause = "no longer in Slurm's queue" if reason else "array tasks"
-            events.append(_event(job.pk, now, state, reason, cause))
-            job.state, job.reason, job.update_time = state, reason, now
-            fields.update({"state", "reason"})
+            leavers.append(job)
+    gone = 0
+    if leavers:
+        if accounting is None:
+            accounting = (client or get_provider(cluster.provider).slurm(cluster)).accounting
+        gone = sum(job.state in ACTIVE_STATES for job in leavers)
+        for job, changed, event in settle(leavers, accounting, now=now):
+            if not changed:
+                continue
+            fields.update(changed)
             updated[job.pk] = job
+            if event:
+                events.append(event)
 
     with transaction.atomic():
         if new_rows:
@@ -199,7 +224,9 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
             ]
         bulk_update(list(updated.values()), sorted(fields))
         bulk_insert(JobEvent, events)
-    return {"created": len(new_rows), "updated": len(updated) - gone, "gone": gone}
+    leaver_pks = {job.pk for job in leavers}
+    updates = sum(1 for pk in updated if pk not in leaver_pks)
+    return {"created": len(new_rows), "updated": updates, "gone": gone}
 
 
 def _event(job_pk: int, now: datetime, state: str, reason: str, cause: str) -> dict:

@@ -1,5 +1,6 @@
-"""Starts and stops the processes of an mtc stack on this machine: Redis, Celery
-workers (+ beat), the web server (gunicorn). Used by `make run`, the benchmarks and the tests
+"""Starts and stops the processes of an mtc stack on this machine: Redis, Slurm
+accounting (MariaDB + slurmdbd, mtc/accounting.py), Celery workers (+ beat), the web
+server (gunicorn). Used by `make run`, the benchmarks and the tests
 that need a real worker, so all three start things the same way."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from mtc import accounting
 from mtc.secretfile import private_append, private_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -61,6 +63,8 @@ class Stack:
     data_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # The accounting dir this stack started (its daemons detach: stopped by pid file).
+    accounting_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
@@ -120,6 +124,22 @@ class Stack:
         )
         wait_for(lambda: port_open(host, port), 10, f"Redis on port {port}")
         return url
+
+    def start_accounting(self, port: int) -> str:
+        """MariaDB + munged + slurmdbd in ``$MTC_DATA_DIR/accounting`` (or
+        MTC_ACCOUNTING_DIR), slurmdbd on 127.0.0.1:``port``; the children learn it
+        from MTC_SLURMDBD_PORT. Returns what to print; on failure the stack runs on
+        without accounting (local clusters then have none) and says why."""
+        root = Path(self.env.get("MTC_ACCOUNTING_DIR") or self.data_dir / "accounting")
+        try:
+            accounting.start(root, dbd_port=port)
+        except (accounting.AccountingError, OSError) as exc:
+            accounting.stop(root)  # what did start of it
+            self.env.pop("MTC_SLURMDBD_PORT", None)
+            return f"accounting did not start ({exc}): clusters run without it"
+        self.accounting_dir = root
+        self.env.update(MTC_SLURMDBD_PORT=str(port), MTC_ACCOUNTING_DIR=str(root))
+        return f"slurmdbd on 127.0.0.1:{port}, MariaDB and logs in {root}"
 
     def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -205,6 +225,9 @@ class Stack:
         # The web server first (no new work), Redis last (workers ack on their way out).
         for name in sorted(self.procs, key=lambda n: (n == "redis", n != "web")):
             self.stop(name)
+        if self.accounting_dir is not None:
+            accounting.stop(self.accounting_dir)
+            self.accounting_dir = None
 
     def __enter__(self) -> Stack:
         return self

@@ -327,6 +327,14 @@ MTC_LOCAL_PORT_RANGE = (17000, 29999)
 MTC_LOCAL_SCRATCH_GB = float(os.environ.get("MTC_LOCAL_SCRATCH_GB", "4"))
 MTC_LOCAL_NODE_AGENTS = os.environ.get("MTC_LOCAL_NODE_AGENTS", "1") == "1"
 MTC_AGENT_INTERVAL_S = float(os.environ.get("MTC_AGENT_INTERVAL_S", "10"))
+# Slurm accounting (mtc/accounting.py): the installation's slurmdbd on 127.0.0.1 at this
+# port, started by `make run` and `make test`. Unset or 0: local clusters run without
+# accounting (no sacct; a job that leaves the queue unseen becomes UNKNOWN).
+MTC_SLURMDBD_PORT = int(os.environ.get("MTC_SLURMDBD_PORT") or 0)
+MTC_ACCOUNTING_DIR = Path(os.environ.get("MTC_ACCOUNTING_DIR") or DATA_DIR / "accounting")
+# How long a job that left the queue may be missing from sacct (slurmctld sends its
+# record late when slurmdbd was away) before it becomes UNKNOWN.
+MTC_ACCOUNTING_GRACE_S = float(os.environ.get("MTC_ACCOUNTING_GRACE_S", "600"))
 # Seconds to pause at each Operation step: slow motion for demos and for the test
 # that kills a worker in the middle of a create.
 MTC_OPERATION_STEP_DELAY = float(os.environ.get("MTC_OPERATION_STEP_DELAY", "0"))

@@ -1,5 +1,6 @@
 """`make run`: migrate, make sure an admin exists, collect static files, start Redis,
-two Celery workers (operations; polls, with beat) and gunicorn, create the demo
+Slurm accounting (MariaDB + slurmdbd; MTC_SLURMDBD_PORT, default 6829, 0 for none), two
+Celery workers (operations; polls, with beat) and gunicorn, create the demo
 cluster if there is none, and stop what it started on Ctrl-C or SIGTERM. Local clusters
 keep running: they are the machines, and the next `make run` finds them (`make
 stop-clusters` stops them)."""
@@ -37,6 +38,11 @@ def main() -> int:
         print(bootstrap.stdout, end="")
         stack.start_redis()
         print(f"mtc: Redis at {stack.env['REDIS_URL']}")
+        dbd_port = int(os.environ.get("MTC_SLURMDBD_PORT", "6829") or 0)
+        if dbd_port:
+            print(f"mtc: accounting: {stack.start_accounting(dbd_port)}")
+        else:
+            print("mtc: accounting off (MTC_SLURMDBD_PORT=0): clusters run without it")
         # One worker per queue: a slow poll never holds up a create, delete or repair.
         stack.start_worker(name="worker-operations", queues=("operations",), beat=False)
         stack.start_worker(name="worker-polls", queues=("polls",), beat=True)
@@ -55,7 +61,7 @@ def main() -> int:
                     stopping = True
             time.sleep(0.5)
     finally:
-        print("mtc: stopping web, workers and Redis ...")
+        print("mtc: stopping web, workers, Redis and accounting ...")
         stack.stop_all()
         print("mtc: stopped. Local clusters keep running; `make stop-clusters` stops them.")
     return 0

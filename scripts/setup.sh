@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 # slurm-wlm-jwt-plugin: slurmctld's auth/jwt, for submits as their owner through slurmrestd.
 # slapd + ldap-utils: the tests' private directory; libldap2-dev libsasl2-dev: python-ldap builds.
 # postgresql: `make test` runs the database tests a second time on a private server.
-PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server postgresql chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev python3-dev)
+# mariadb-server and slurmdbd: Slurm accounting (mtc/accounting.py runs a private
+# MariaDB and slurmdbd; the system-wide service is stopped below, never used).
+PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server postgresql chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev python3-dev mariadb-server slurmdbd)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -19,6 +21,15 @@ if ((${#missing[@]})); then
   [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ " ${missing[*]} " == *" mariadb-server "* ]]; then
+    # Debian starts a system-wide MariaDB on install: mtc runs its own, so stop that one.
+    $SUDO service mariadb stop >/dev/null 2>&1 || true
+    if command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
+      $SUDO systemctl disable --now mariadb >/dev/null 2>&1 || true
+    else
+      $SUDO update-rc.d mariadb disable >/dev/null 2>&1 || true
+    fi
+  fi
 fi
 
 # Jobs run as their owners' own accounts and use this .venv (torch, the node runtime):

@@ -2,7 +2,9 @@
 # `make test`: a private data dir and Redis on a free port, Django's checks, ruff,
 # then pytest twice: every test on SQLite, then the tests that use the database on a
 # private PostgreSQL (its own data dir and port); afterwards stop every process the
-# tests left under the data dir.
+# tests left under the data dir. The SQLite pass gets Slurm accounting: a private
+# MariaDB + slurmdbd (mtc/accounting.py) that every test cluster registers with
+# (MTC_TEST_ACCOUNTING=0: none, clusters run without accounting).
 # MTC_TEST_PASSES=sqlite or =postgres runs one pass alone (default: sqlite,postgres).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -80,10 +82,14 @@ EOF
   PG_URL="postgres://mtc:$password@127.0.0.1:$port/mtc"
 }
 
+ACCT_DIR="$TEST_TMP/accounting"
+ACCT_STARTED=""
+
 cleanup() {
   # Under the main body's set -e one failed command here would skip the rest.
   set +e
   kill "$REDIS_PID" 2>/dev/null
+  [[ -n $ACCT_STARTED ]] && $PY -m mtc.accounting stop "$ACCT_DIR"
   [[ -n $PG_STARTED ]] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" stop -m fast -s
   # Slurm daemons and job steps the tests started all mention the data dir.
   $PY - "$TEST_TMP" <<'PYEOF'
@@ -118,6 +124,14 @@ echo "== identity"
 DJANGO_SETTINGS_MODULE=mtc.settings $PY -c 'import django; django.setup(); from identity.selectors import identity_mode, single_user_reason as r; print(identity_mode(), r())'
 set +e
 rc=0
+if [[ ,$PASSES, == *,sqlite,* && ${MTC_TEST_ACCOUNTING:-1} != 0 ]]; then
+  echo "== accounting (MariaDB + slurmdbd)"
+  MTC_SLURMDBD_PORT=$($PY -c 'from mtc.devstack import free_port; print(free_port())')
+  ACCT_STARTED=1
+  $PY -m mtc.accounting start "$ACCT_DIR" "$MTC_SLURMDBD_PORT" || {
+    echo "test: accounting did not start (MTC_TEST_ACCOUNTING=0 runs without it)"; exit 1; }
+  export MTC_SLURMDBD_PORT MTC_ACCOUNTING_DIR=$ACCT_DIR
+fi
 if [[ ,$PASSES, == *,sqlite,* ]]; then
   echo "== pytest (SQLite)"
   $PY -m pytest "$@" || rc=$?

@@ -187,6 +187,47 @@ class SlurmClient:
         out = self.run(["squeue", "--states=all", "--array", "--json"], timeout=120).stdout
         return parse_squeue_json(json.loads(out))
 
+    def accounting(self, job_ids: list[str]) -> dict:
+        """Final records of ``job_ids`` from slurmdbd ({job id: AcctJob}; a job it has
+        no record of is absent), with one `sacct` call per BATCH ids. Raises
+        AccountingUnavailable when the cluster has no accounting or slurmdbd is out of
+        reach. Without --duplicates sacct gives a reused id's newest job only."""
+        from .accounting import BATCH, SACCT_FORMAT, parse_sacct, unavailable
+        from .queue import JOB_ID_RE
+
+        for job_id in job_ids:
+            if not JOB_ID_RE.fullmatch(job_id):
+                raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        found: dict = {}
+        for start in range(0, len(job_ids), BATCH):
+            args = [
+                "sacct",
+                "--parsable2",
+                "--noheader",
+                "--noconvert",
+                "--allusers",
+                f"--format={SACCT_FORMAT}",
+                f"--jobs={','.join(job_ids[start : start + BATCH])}",
+            ]
+            try:
+                out = self.run(args, timeout=60).stdout
+            except SlurmError as exc:
+                raise unavailable(exc) from exc
+            found.update(parse_sacct(out))
+        return found
+
+    def accounting_cluster_add(self, name: str) -> None:
+        """Register a cluster with slurmdbd (before its slurmctld first starts);
+        one that is already registered is left as it is."""
+        if not re.fullmatch(r"[A-Za-z0-9_]{1,40}", name):
+            raise SlurmError(f"invalid cluster name {name!r}", permanent=True)
+        proc = self.run(["sacctmgr", "--immediate", "add", "cluster", name], check=False)
+        if proc.returncode != 0 and "already exists" not in proc.stdout + proc.stderr:
+            from .accounting import unavailable
+
+            message = (proc.stderr or proc.stdout).strip() or f"sacctmgr exited {proc.returncode}"
+            raise unavailable(SlurmError(message, permanent=False, command=proc.args))
+
     def job(self, job_id: str):
         """One job from the queue, or None when slurmctld no longer knows it."""
         from .queue import JOB_ID_RE, SQUEUE_FORMAT, parse_squeue

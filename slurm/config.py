@@ -37,6 +37,22 @@ class PartitionConf:
     default: bool = False
 
 
+@dataclass(frozen=True)
+class AccountingConf:
+    """Where the installation's slurmdbd listens, and the munged it trusts (its socket
+    goes in AccountingStoragePass: Slurm authenticates to slurmdbd through that one)."""
+
+    host: str
+    port: int
+    munge_socket: str
+
+
+# Seconds between a job step's usage samples: short jobs still get a MaxRSS (Slurm
+# 22.05 keeps no final sample with proctrack/linuxproc), at the cost of one /proc read
+# a step every few seconds.
+ACCT_GATHER_FREQUENCY = "task=2"
+
+
 @dataclass
 class ClusterConf:
     cluster_id: str
@@ -52,6 +68,13 @@ class ClusterConf:
     health_check: str | None = None
     # The HS256 key slurmctld checks mtc's JWTs with (slurmrestd submits as the owner).
     jwt_key: str = ""
+    # None: no accounting (no slurmdbd configured; sacct has nothing to ask).
+    accounting: AccountingConf | None = None
+
+
+def cluster_name(cluster_id: str) -> str:
+    """The ClusterName slurm.conf and slurmdbd know a cluster by."""
+    return cluster_id.replace("-", "_")[:40]
 
 
 def gres_type(accelerator_type: str) -> str:
@@ -64,7 +87,7 @@ def gres_type(accelerator_type: str) -> str:
 def render_slurm_conf(conf: ClusterConf) -> str:
     root = conf.root
     settings: dict[str, str] = {
-        "ClusterName": conf.cluster_id.replace("-", "_")[:40],
+        "ClusterName": cluster_name(conf.cluster_id),
         "SlurmctldHost": "localhost(127.0.0.1)",
         "SlurmctldPort": str(conf.controller_port),
         "AuthType": "auth/munge",
@@ -104,6 +127,18 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         "MinJobAge": "300",
         "JobRequeue": "1",
     }
+    if conf.accounting:
+        settings.update(
+            {
+                "AccountingStorageType": "accounting_storage/slurmdbd",
+                "AccountingStorageHost": conf.accounting.host,
+                "AccountingStoragePort": str(conf.accounting.port),
+                "AccountingStoragePass": conf.accounting.munge_socket,
+                "AccountingStorageTRES": "gres/gpu",
+                "JobAcctGatherType": "jobacct_gather/linux",
+                "JobAcctGatherFrequency": ACCT_GATHER_FREQUENCY,
+            }
+        )
     if conf.jwt_key:
         settings["AuthAltTypes"] = "auth/jwt"
         settings["AuthAltParameters"] = f"jwt_key={conf.jwt_key}"

@@ -191,3 +191,39 @@ def test_a_gpu_pool_not_from_a_reservation_keeps_its_compact_placement():
     assert needs_placement_policy(pool)
     assert not needs_placement_policy({**pool, "provisioning_model": "RESERVATION"})
     assert not needs_placement_policy({"machine_spec": {}, "provisioning_model": "STANDARD"})
+
+
+@pytest.mark.django_db
+def test_plan_shows_where_accounting_is_stored(tmp_path, capsys, settings):
+    """slurmdbd on the controller: over MariaDB there by default, or a named Cloud SQL."""
+    settings.MTC_GCE_PROJECT = "my-project"
+    text = _plan_text(tmp_path, capsys)
+    assert "Accounting storage: MariaDB on this controller" in text
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in text
+    assert "sacctmgr -i add cluster a3u_pretrain" in text
+
+    spec = architecture_get("a3-ultra-pretraining").build_spec()
+    spec["orchestrator_spec"]["slurm_spec"]["accounting"] = {
+        "cloud_sql": {"host": "10.20.0.3", "user": "slurm", "password_secret": "slurmdbd-db"}
+    }
+    spec_file = tmp_path / "sql.json"
+    spec_file.write_text(json.dumps(spec))
+    call_command("mtc", "cluster", "plan", "-f", str(spec_file))
+    text = capsys.readouterr().out
+    assert "Accounting storage: Cloud SQL" in text and "STORAGE_HOST=10.20.0.3" in text
+    assert "--secret=slurmdbd-db" in text and "MariaDB on this controller" not in text
+
+
+def test_a_cloud_sql_accounting_spec_is_checked_field_by_field():
+    from clusters.spec import SpecError, validate_cluster_spec
+
+    spec = architecture_get("a3-ultra-pretraining").build_spec()
+    spec["orchestrator_spec"]["slurm_spec"]["accounting"] = {
+        "cloud_sql": {"host": "db.example", "user": "x;y", "port": 0, "extra": 1}
+    }
+    with pytest.raises(SpecError) as err:
+        validate_cluster_spec(spec)
+    fields = err.value.fields
+    base = "orchestrator_spec.slurm_spec.accounting.cloud_sql"
+    for name in ("host", "user", "port", "password_secret", "extra"):
+        assert f"{base}.{name}" in fields, name

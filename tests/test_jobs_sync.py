@@ -1,13 +1,17 @@
 """The job poller's bulk upsert (rows made directly; no Slurm needed)."""
 
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from clusters.models import Cluster
 from jobs.models import Job, JobEvent
 from jobs.sync import jobs_sync
+from slurm.accounting import AccountingUnavailable, AcctJob
 from slurm.queue import QueueJob
 
 from .conftest import make_spec
@@ -71,12 +75,128 @@ def test_query_count_does_not_grow_with_jobs(cluster, django_assert_max_num_quer
             jobs_sync(cluster=cluster, queue=[qjob(str(i)) for i in range(1, size + 1)])
 
 
-def test_jobs_that_leave_unseen_become_unknown(cluster):
+def no_accounting(job_ids):
+    raise AccountingUnavailable("Slurm accounting storage is disabled", configured=False)
+
+
+def unreachable(job_ids):
+    raise AccountingUnavailable(
+        "Problem talking to the database: Connection refused", configured=True
+    )
+
+
+def records(**by_id) -> Callable[[list[str]], dict[str, AcctJob]]:
+    """A fake sacct: the records given, for the ids asked (and counts its calls)."""
+
+    def accounting(job_ids):
+        accounting.calls.append(list(job_ids))
+        return {i: r for i, r in by_id.items() if i in job_ids or i.partition("_")[0] in job_ids}
+
+    accounting.calls = []
+    return accounting
+
+
+def acct(job_id: str, state: str = "COMPLETED", exit_code: str = "0:0", **changes) -> AcctJob:
+    base = AcctJob(
+        job_id=job_id,
+        state=state,
+        exit_code=exit_code,
+        submit_time=T0,
+        start_time=T0,
+        end_time=T0 + timedelta(seconds=42),
+        elapsed_s=42,
+        cpu_time_s=3.5,
+        max_rss_bytes=95_000_000,
+        gpus=8,
+    )
+    return replace(base, **changes)
+
+
+def test_without_accounting_jobs_that_leave_unseen_become_unknown(cluster):
     jobs_sync(cluster=cluster, queue=[qjob("1", "RUNNING"), qjob("2", "COMPLETED")])
-    stats = jobs_sync(cluster=cluster, queue=[])
+    stats = jobs_sync(cluster=cluster, queue=[], accounting=no_accounting)
     assert stats["gone"] == 1
-    assert Job.objects.get(job_id="1").state == "UNKNOWN"
+    job = Job.objects.get(job_id="1")
+    assert job.state == "UNKNOWN" and "no accounting" in job.reason and job.settled
     assert Job.objects.get(job_id="2").state == "COMPLETED"  # ended: nothing to guess
+
+
+def test_jobs_that_left_get_their_final_record_from_one_sacct_call(cluster):
+    queue = [qjob("1", "RUNNING"), qjob("2", "RUNNING"), qjob("3", "COMPLETED"), qjob("4")]
+    jobs_sync(cluster=cluster, queue=queue)
+    sacct = records(
+        **{"1": acct("1"), "2": acct("2", "FAILED", "3:0"), "3": acct("3", elapsed_s=7)}
+    )
+    stats = jobs_sync(cluster=cluster, queue=[qjob("4")], accounting=sacct)
+    assert stats == {"created": 0, "updated": 0, "gone": 2}
+    assert [sorted(ids) for ids in sacct.calls] == [["1", "2", "3"]]
+    one, two, three = (Job.objects.get(job_id=i) for i in "123")
+    assert (one.state, one.exit_code, one.elapsed_s, one.settled) == ("COMPLETED", "0:0", 42, True)
+    assert (one.cpu_time_s, one.max_rss_bytes, one.gpus_allocated) == (3.5, 95_000_000, 8)
+    assert one.end_time == T0 + timedelta(seconds=42)
+    assert (two.state, two.exit_code) == ("FAILED", "3:0")
+    assert three.elapsed_s == 7 and three.settled
+    assert two.events.last().cause == "final record from accounting (sacct)"
+    # Settled rows are read no more: the next round asks sacct nothing.
+    jobs_sync(cluster=cluster, queue=[qjob("4")], accounting=sacct)
+    assert len(sacct.calls) == 1
+
+
+def test_unreachable_accounting_is_unknown_with_why_and_asked_again(cluster):
+    jobs_sync(cluster=cluster, queue=[qjob("1", "RUNNING"), qjob("2", "COMPLETED")])
+    jobs_sync(cluster=cluster, queue=[], accounting=unreachable)
+    job = Job.objects.get(job_id="1")
+    assert job.state == "UNKNOWN" and not job.settled
+    assert (
+        job.reason == "Accounting unreachable: Problem talking to the database: Connection refused"
+    )
+    assert Job.objects.get(job_id="2").state == "COMPLETED"  # squeue's end stands meanwhile
+    sacct = records(**{"1": acct("1", "FAILED", "1:0"), "2": acct("2")})
+    jobs_sync(cluster=cluster, queue=[], accounting=sacct)
+    job.refresh_from_db()
+    assert (job.state, job.exit_code, job.reason, job.settled) == ("FAILED", "1:0", "", True)
+    assert [e.state for e in job.events.all()] == ["RUNNING", "UNKNOWN", "FAILED"]
+
+
+def test_a_job_missing_from_accounting_waits_then_is_unknown(cluster, settings):
+    settings.MTC_ACCOUNTING_GRACE_S = 0
+    jobs_sync(cluster=cluster, queue=[qjob("1", "RUNNING")])
+    jobs_sync(cluster=cluster, queue=[], accounting=records())
+    job = Job.objects.get(job_id="1")
+    assert job.state == "RUNNING" and job.gone_time is not None and not job.settled
+    jobs_sync(cluster=cluster, queue=[], accounting=records())
+    job.refresh_from_db()
+    assert job.state == "UNKNOWN" and "no record" in job.reason and job.settled
+
+
+def test_an_arrays_own_row_folds_its_tasks_records(cluster):
+    jobs_sync(cluster=cluster, queue=[qjob("5", "RUNNING")])
+    sacct = records(**{"5_0": acct("5_0"), "5_1": acct("5_1", "FAILED", "2:0", elapsed_s=50)})
+    jobs_sync(cluster=cluster, queue=[], accounting=sacct)
+    job = Job.objects.get(job_id="5")
+    assert (job.state, job.exit_code, job.elapsed_s, job.cpu_time_s) == ("FAILED", "2:0", 50, 7.0)
+
+
+def test_a_round_reads_the_queue_and_unsettled_rows_only(cluster, django_assert_max_num_queries):
+    """History does not enter a round: 2,000 settled rows cost nothing."""
+    Job.objects.bulk_create(
+        Job(
+            cluster=cluster,
+            job_id=str(i),
+            job_number=i,
+            name="old",
+            user="root",
+            state="COMPLETED",
+            settled=True,
+        )
+        for i in range(1, 2001)
+    )
+    queue = [qjob("3000", "RUNNING")]
+    jobs_sync(cluster=cluster, queue=queue)
+    with CaptureQueriesContext(connection) as ctx:
+        assert jobs_sync(cluster=cluster, queue=queue) == {"created": 0, "updated": 0, "gone": 0}
+    assert len(ctx.captured_queries) <= 3
+    assert "old" not in str(list(Job.objects.filter(settled=False).values_list("name")))
 
 
 def test_a_name_or_node_list_longer_than_its_column_is_cut_to_fit(cluster):
@@ -119,3 +239,15 @@ def test_array_tasks_inherit_the_arrays_owner_and_it_sums_them_up(cluster, user)
         queue=[qjob("9_0", "COMPLETED"), qjob("9_1", "FAILED"), qjob("9_2", "COMPLETED")],
     )
     assert Job.objects.get(job_id="9").state == "FAILED"
+
+
+def test_the_job_page_shows_accounting(cluster, operator):
+    from django.test import Client
+
+    jobs_sync(cluster=cluster, queue=[qjob("1", "RUNNING")])
+    jobs_sync(cluster=cluster, queue=[], accounting=records(**{"1": acct("1", elapsed_s=3725)}))
+    browser = Client()
+    browser.force_login(operator)
+    page = browser.get("/clusters/sy/jobs/1/").content.decode()
+    assert "ran 1:02:05" in page and "CPU time 0:03" in page and "8 GPUs allocated" in page
+    assert "90.6" in page  # max memory, 95,000,000 bytes as MB

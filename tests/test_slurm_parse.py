@@ -216,3 +216,51 @@ def test_ids_and_names_are_matched_whole():
     client = SlurmClient.__new__(SlurmClient)  # validation comes before any command
     with pytest.raises(SlurmError, match="invalid node name"):
         client.node_update(["node-1\n"], state="DOWN")
+
+
+# `sacct --parsable2 --noheader --noconvert --allusers --format=<slurm.accounting>` on a
+# local cluster: a finished job with its steps, a failed one, an array's tasks.
+SACCT = """\
+3|COMPLETED|0:0|2026-12-04T16:29:20|2026-12-04T16:29:22|2026-12-04T16:29:25|3|00:00.197||billing=1,cpu=1,gres/gpu=8,node=1
+3.batch|COMPLETED|0:0|2026-12-04T16:29:22|2026-12-04T16:29:22|2026-12-04T16:29:25|3|00:00.197|95391744|cpu=1,mem=0,node=1
+3.0|COMPLETED|0:0|2026-12-04T16:29:22|2026-12-04T16:29:22|2026-12-04T16:29:25|3|01:02.5|120000K|cpu=1,mem=0,node=1
+4|FAILED|3:0|2026-12-04T16:29:12|2026-12-04T16:29:12|2026-12-04T16:29:12|0|00:00.001||billing=1,cpu=1,node=1
+5_1|CANCELLED by 0|0:15|2026-12-04T16:30:00|None|2026-12-04T16:31:00|0|||billing=1,cpu=1,node=1
+5_[2-9]|PENDING|0:0|2026-12-04T16:30:00|Unknown|Unknown|0|||billing=1,cpu=1,node=1
+"""
+
+
+def test_sacct_records_fold_steps_into_their_job():
+    from slurm.accounting import parse_duration, parse_sacct, parse_size
+
+    jobs = parse_sacct(SACCT)
+    assert sorted(jobs) == ["3", "4", "5_1"]
+    done = jobs["3"]
+    assert (done.state, done.exit_code, done.elapsed_s, done.gpus) == ("COMPLETED", "0:0", 3, 8)
+    assert done.max_rss_bytes == 120000 * 1024  # the largest step's
+    assert done.cpu_time_s == 0.197  # the allocation's TotalCPU sums its steps
+    assert done.start_time == parse_time("2026-12-04T16:29:22")
+    assert (jobs["4"].state, jobs["4"].exit_code, jobs["4"].max_rss_bytes) == (
+        "FAILED",
+        "3:0",
+        None,
+    )
+    assert jobs["5_1"].state == "CANCELLED" and jobs["5_1"].start_time is None
+    assert parse_duration("1-02:03:04") == 93784 and parse_duration("02:03.5") == 123.5
+    assert parse_size("4.5G") == int(4.5 * 2**30) and parse_size("") is None
+
+
+def test_sacct_failures_say_whether_accounting_exists():
+    from slurm import SlurmError
+    from slurm.accounting import unavailable
+
+    off = unavailable(SlurmError("Slurm accounting storage is disabled", permanent=True))
+    assert not off.configured
+    down = unavailable(
+        SlurmError(
+            "slurm_persist_conn_open_without_init: failed to open persistent connection\n"
+            "sacct: error: Problem talking to the database: Connection refused",
+            permanent=False,
+        )
+    )
+    assert down.configured and str(down) == "Problem talking to the database: Connection refused"

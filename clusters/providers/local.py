@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from mtc import accounting
 from mtc.secretfile import private_append
 from slurm import SlurmClient, SlurmError
 from slurm import config as slurm_config
@@ -239,7 +240,29 @@ class LocalProvider(LocalNodes, Provider):
     def _ensure_munged(self, cluster: Cluster) -> None:
         munge.ensure(self.root(cluster))
 
+    def _accounting(self) -> slurm_config.AccountingConf | None:
+        """The installation's slurmdbd, when one is configured (else no accounting)."""
+        if not settings.MTC_SLURMDBD_PORT:
+            return None
+        return slurm_config.AccountingConf(
+            host="127.0.0.1",
+            port=settings.MTC_SLURMDBD_PORT,
+            munge_socket=accounting.munge_socket(settings.MTC_ACCOUNTING_DIR),
+        )
+
+    def _accounting_register(self, cluster: Cluster) -> None:
+        """slurmdbd must know the cluster before its slurmctld starts. When slurmdbd is
+        away the cluster still starts: slurmctld keeps its records until it is back."""
+        if not settings.MTC_SLURMDBD_PORT:
+            return
+        try:
+            name = slurm_config.cluster_name(cluster.cluster_id)
+            self.slurm(cluster).accounting_cluster_add(name)
+        except SlurmError as exc:
+            log.warning("registering %s with slurmdbd failed: %s", cluster.cluster_id, exc)
+
     def _start_slurmctld(self, cluster: Cluster) -> None:
+        self._accounting_register(cluster)
         self._spawn(cluster, ["slurmctld", "-f", str(self.conf_path(cluster))])
         client = self.slurm(cluster)
         self._wait(client.ping, 20, "slurmctld did not answer")
@@ -322,6 +345,7 @@ class LocalProvider(LocalNodes, Provider):
             prolog=self._write_hooks(cluster, "prolog", slurm_spec["prolog_bash_scripts"]),
             epilog=self._write_hooks(cluster, "epilog", slurm_spec["epilog_bash_scripts"]),
             jwt_key=str(jwt.key_path(self.root(cluster))),
+            accounting=self._accounting(),
         )
         changed = False
         etc = self.root(cluster) / "etc"

@@ -44,6 +44,18 @@ class JobSerializer(serializers.Serializer):
     end_time = serializers.DateTimeField(allow_null=True)
     exit_code = serializers.CharField(help_text="exit:signal, as Slurm; empty until it ends")
     requeue_count = serializers.IntegerField()
+    elapsed_s = serializers.IntegerField(
+        allow_null=True, help_text="Run time in seconds, from accounting once it ended"
+    )
+    cpu_time_s = serializers.FloatField(
+        allow_null=True, help_text="CPU time its processes used, s (accounting)"
+    )
+    max_rss_bytes = serializers.IntegerField(
+        allow_null=True, help_text="Largest resident memory of any step (accounting)"
+    )
+    gpus_allocated = serializers.IntegerField(
+        allow_null=True, help_text="GPUs allocated (accounting's gres/gpu TRES)"
+    )
     array_task_id = serializers.IntegerField(allow_null=True)
     recipe = serializers.CharField(help_text="Empty unless a recipe launched it")
     register_as = serializers.CharField(help_text="Model the final checkpoint registers under")
@@ -80,6 +92,10 @@ JOB_ROW_FIELDS = (
     "end_time",
     "exit_code",
     "requeue_count",
+    "elapsed_s",
+    "cpu_time_s",
+    "max_rss_bytes",
+    "gpus_allocated",
     "array_task_id",
     "recipe",
     "register_as",
@@ -112,6 +128,10 @@ def job_row_representation(row: dict) -> dict:
         "end_time": _iso(row["end_time"]),
         "exit_code": row["exit_code"],
         "requeue_count": row["requeue_count"],
+        "elapsed_s": row["elapsed_s"],
+        "cpu_time_s": row["cpu_time_s"],
+        "max_rss_bytes": row["max_rss_bytes"],
+        "gpus_allocated": row["gpus_allocated"],
         "array_task_id": row["array_task_id"],
         "recipe": row["recipe"],
         "register_as": row["register_as"],

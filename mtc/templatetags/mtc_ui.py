@@ -112,6 +112,7 @@ def job_tone(state: str) -> str:
     return JOB_TONES.get(state, "muted")
 
 
+@register.filter
 def slurm_duration(seconds: float) -> str:
     """Seconds as Slurm prints elapsed time: M:SS, H:MM:SS or D-HH:MM:SS."""
     total = max(0, int(seconds))
@@ -140,6 +141,8 @@ def job_elapsed(job) -> str:
     (squeue's end time of a running job is its limit, so it is not used then.)"""
     from django.utils import timezone
 
+    if not job.is_active and getattr(job, "elapsed_s", None) is not None:
+        return slurm_duration(job.elapsed_s)  # accounting's own figure
     if not job_started(job):
         return ""
     if job.is_active:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from slurm.config import gres_type
+from slurm.config import cluster_name, gres_type
 
 from . import access
 from .names import controller_name
@@ -52,6 +52,61 @@ def _render(text: str, values: dict[str, str]) -> str:
     return text
 
 
+def accounting_script(spec: dict) -> str:
+    """The controller's accounting: slurmdbd over MariaDB on the controller, or over the
+    Cloud SQL instance the spec names (its password read from Secret Manager at boot).
+    The cluster is registered before slurmctld starts."""
+    sql = (spec["orchestrator_spec"]["slurm_spec"].get("accounting") or {}).get("cloud_sql")
+    if sql:
+        storage = [
+            "# Accounting storage: Cloud SQL (the spec's orchestrator_spec.slurm_spec.accounting)",
+            f"STORAGE_HOST={shlex.quote(sql['host'])}",
+            f"STORAGE_PORT={int(sql.get('port') or 3306)}",
+            f"STORAGE_USER={shlex.quote(sql['user'])}",
+            "DB_PASS=$(gcloud secrets versions access latest "
+            f"--secret={shlex.quote(sql['password_secret'])})",
+        ]
+    else:
+        storage = [
+            "# Accounting storage: MariaDB on this controller",
+            "systemctl enable --now mariadb",
+            "if [ ! -s /etc/slurm/slurmdbd.pass ]; then",
+            "  (umask 077; head -c 32 /dev/urandom | base64 | tr -dc A-Za-z0-9"
+            " >/etc/slurm/slurmdbd.pass)",
+            "fi",
+            "STORAGE_HOST=localhost STORAGE_PORT=3306 STORAGE_USER=slurm",
+            "DB_PASS=$(cat /etc/slurm/slurmdbd.pass)",
+            "mysql -u root -e \"CREATE USER IF NOT EXISTS 'slurm'@'localhost';"
+            " ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';"
+            " GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';\"",
+        ]
+    return "\n".join(
+        [
+            *storage,
+            "install -m 600 -o slurm -g slurm /dev/null /etc/slurm/slurmdbd.conf",
+            "cat >/etc/slurm/slurmdbd.conf <<EOF",
+            "AuthType=auth/munge",
+            "DbdHost=$(hostname -s)",
+            "SlurmUser=slurm",
+            "LogFile=/var/log/slurm/slurmdbd.log",
+            "PidFile=/run/slurmdbd.pid",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=$STORAGE_HOST",
+            "StoragePort=$STORAGE_PORT",
+            "StorageUser=$STORAGE_USER",
+            "StoragePass=$DB_PASS",
+            "StorageLoc=slurm_acct_db",
+            "EOF",
+            "systemctl enable --now slurmdbd",
+            "systemctl restart slurmdbd",
+            "for _ in $(seq 60); do",
+            "  sacctmgr -n show cluster >/dev/null 2>&1 && break; sleep 2",
+            "done",
+            f"sacctmgr -i add cluster {cluster_name(spec['cluster_id'])} || true",
+        ]
+    )
+
+
 def startup_script(spec: dict, *, role: str, pool: dict | None = None) -> str:
     """The startup-script metadata value for the controller or one compute pool."""
     common = (SCRIPTS / "common.sh").read_text()
@@ -71,6 +126,7 @@ def startup_script(spec: dict, *, role: str, pool: dict | None = None) -> str:
         "CONTROLLER": controller_name(spec["cluster_id"]),
     }
     if role == "controller":
+        values["ACCOUNTING"] = accounting_script(spec)
         return _render(common + (SCRIPTS / "controller.sh").read_text(), values)
     machine = pool["machine_spec"]
     count = machine.get("accelerator_count") or 0
@@ -92,8 +148,14 @@ def slurm_conf(spec: dict, *, munge_socket: str = "", max_nodes: int = 1000) -> 
     own host uses to reach the controller (same cluster, its local munged)."""
     slurm = spec["orchestrator_spec"]["slurm_spec"]
     settings: dict[str, str] = {
-        "ClusterName": spec["cluster_id"].replace("-", "_")[:40],
+        "ClusterName": cluster_name(spec["cluster_id"]),
         "SlurmctldHost": controller_name(spec["cluster_id"]),
+        # slurmdbd runs on the controller (accounting_script), over MariaDB there or
+        # Cloud SQL; nodes gather usage through their cgroups.
+        "AccountingStorageType": "accounting_storage/slurmdbd",
+        "AccountingStorageHost": controller_name(spec["cluster_id"]),
+        "AccountingStorageTRES": "gres/gpu",
+        "JobAcctGatherType": "jobacct_gather/cgroup",
         # Nodes fetch this config from the controller and register themselves.
         "SlurmctldParameters": "enable_configless,idle_on_node_suspend",
         "MaxNodeCount": str(max_nodes),
