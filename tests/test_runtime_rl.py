@@ -5,6 +5,7 @@ second update of a batch (ppo_epochs=2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
 import pytest
@@ -20,9 +21,13 @@ from node.train.rollout import generate, rollout_model, unsharded_copy
 PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 22, 8, 40, 3, 11], [1, 2, 3]]
 
 
-def tiny_model(family: str = "llama", arch_eager: bool = False):
-    config, cls = hf_config(get_preset(family, "tiny"))
-    config._attn_implementation = "eager" if arch_eager else "sdpa"
+def tiny_model(family: str = "llama"):
+    """gemma2: the tiny Gemma shape as Gemma 2 (sliding-window layers, eager attention)."""
+    preset = get_preset("llama" if family == "llama" else "gemma", "tiny")
+    if family == "gemma2":
+        preset = dataclasses.replace(preset, arch="gemma2")
+    config, cls = hf_config(preset)
+    config._attn_implementation = "eager" if family == "gemma2" else "sdpa"
     torch.manual_seed(0)
     return cls(config).eval()
 
@@ -43,7 +48,7 @@ def sample(model, *, use_cache: bool, eos_id: int, temperature: float, seed: int
     )
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma"])
+@pytest.mark.parametrize("family", ["llama", "gemma", "gemma2"])
 @pytest.mark.parametrize("temperature", [1e-6, 1.0])  # greedy, and seeded sampling
 def test_kv_cache_generation_equals_uncached(family, temperature):
     model = tiny_model(family)
