@@ -128,8 +128,9 @@ def _plain_class(model) -> type:
 
 
 def _free_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cuda":  # free on the device plus what torch's cache holds unused
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             for line in fh:
