@@ -21,11 +21,13 @@ from node.train.rollout import generate, rollout_model, unsharded_copy
 PROMPTS = [[1, 5, 9, 13], [1, 7], [1, 22, 8, 40, 3, 11], [1, 2, 3]]
 
 
-def tiny_model(family: str = "llama"):
+def tiny_model(family: str = "llama", tie: bool = False):
     """gemma2: the tiny Gemma shape as Gemma 2 (sliding-window layers, eager attention)."""
     preset = get_preset("llama" if family == "llama" else "gemma", "tiny")
     if family == "gemma2":
         preset = dataclasses.replace(preset, arch="gemma2")
+    if tie:  # as Llama 3.2 1B and 3B
+        preset = dataclasses.replace(preset, tie_embeddings=True)
     config, cls = hf_config(preset)
     config._attn_implementation = "eager" if family == "gemma2" else "sdpa"
     torch.manual_seed(0)
@@ -82,14 +84,15 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
-def test_unsharded_copy_of_an_fsdp2_model(one_rank_group, monkeypatch):
+@pytest.mark.parametrize("tie", [False, True])
+def test_unsharded_copy_of_an_fsdp2_model(one_rank_group, monkeypatch, tie):
     from torch.distributed.fsdp import fully_shard
 
     from node.train import rollout
 
     d = one_rank_group
-    model = tiny_model("llama")
-    plain_ref = tiny_model("llama")  # the same weights, never sharded
+    model = tiny_model("llama", tie)
+    plain_ref = tiny_model("llama", tie)  # the same weights, never sharded
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
@@ -98,7 +101,7 @@ def test_unsharded_copy_of_an_fsdp2_model(one_rank_group, monkeypatch):
     copy = unsharded_copy(model, torch.float32, d.device)
     assert not any(hasattr(p, "full_tensor") for p in copy.parameters())
     tied = copy.lm_head.weight is copy.model.embed_tokens.weight
-    assert tied == bool(copy.config.tie_word_embeddings)
+    assert tied == tie
     ids = torch.tensor([[1, 5, 9, 13, 4]])
     with torch.no_grad():
         assert torch.allclose(copy(input_ids=ids).logits, plain_ref(input_ids=ids).logits)
