@@ -87,15 +87,16 @@ class LaunchPlan:
         return self.run_dir / "checkpoints"
 
 
+RL_PARAMS = ("group_size", "max_new_tokens", "kl_coef", "ppo_epochs")  # run.json's "rl"
+
+
 def _run_config(recipe_id: str, params: dict[str, Any], run_dir: Path, real_gpus: bool) -> dict:
-    config = {
-        k: v for k, v in params.items() if k not in ("group_size", "max_new_tokens", "kl_coef")
-    }
+    config = {k: v for k, v in params.items() if k not in RL_PARAMS}
     config["recipe"] = recipe_id
     if config.get("precision") == "auto":
         config["precision"] = "bf16" if real_gpus else "fp32"
     if recipe_id == "rl":
-        config["rl"] = {k: params[k] for k in ("group_size", "max_new_tokens", "kl_coef")}
+        config["rl"] = {k: params[k] for k in RL_PARAMS if k in params}
     config["run_dir"] = str(run_dir)
     return config
 

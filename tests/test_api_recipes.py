@@ -125,7 +125,7 @@ def test_launch_writes_run_config_and_records_the_recipe(cluster, user_api, monk
     monkeypatch.setattr(client.SlurmClient, "submit", fake_submit)
     response = user_api.post(
         "/api/v1/clusters/rc/recipes/rl/launch",
-        {"nodes": 1, "overrides": {"steps": 12, "group_size": 8}},
+        {"nodes": 1, "overrides": {"steps": 12, "group_size": 8, "ppo_epochs": 2}},
         format="json",
     )
     assert response.status_code == 201, response.content
@@ -134,8 +134,22 @@ def test_launch_writes_run_config_and_records_the_recipe(cluster, user_api, monk
     run_dir = Path(job.checkpoint_dir).parent
     config = json.loads((run_dir / "run.json").read_text())
     assert config["recipe"] == "rl" and config["rl"]["group_size"] == 8
+    assert config["rl"]["ppo_epochs"] == 2 and "ppo_epochs" not in config
     assert config["run_dir"] == str(run_dir) and "group_size" not in config
     assert "--requeue" in seen["args"] and str(run_dir / "run.json") in seen["script"]
+
+
+@pytest.mark.parametrize(
+    "value, message", [(0, "Must be at least 1."), (1.5, "Must be a whole number.")]
+)
+def test_ppo_epochs_is_a_whole_number_from_1(cluster, user_api, value, message):
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/rl/launch",
+        {"overrides": {"ppo_epochs": value}, "dry_run": True},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {"overrides.ppo_epochs": message}
 
 
 def test_null_overrides_only_where_the_default_is_none(cluster, user_api):

@@ -315,6 +315,58 @@ def test_rl_with_kl_to_initial_policy(sft_run, tmp_path):
     assert all(steps[s]["kl"] >= 0 for s in steps)
 
 
+def test_rl_two_updates_per_batch(sft_run, tmp_path):
+    """ppo_epochs=2: steps 1-2 update on one batch of samples, steps 3-4 on the next."""
+    run_dir = tmp_path / "rl-ppo"
+    rc = run_inprocess(
+        run_dir,
+        recipe="rl",
+        steps=4,
+        checkpoint_interval=0,
+        global_batch=4,
+        seq_len=16,
+        max_operand=3,
+        init_from=str(sft_run),
+        rl={"group_size": 4, "max_new_tokens": 3, "kl_coef": 0.1, "ppo_epochs": 2},
+    )
+    assert rc == 0
+    steps, events = read_metrics(run_dir)
+    assert sorted(steps) == [1, 2, 3, 4] and events[-1]["event"] == "done"
+    assert steps[1]["reward"] == steps[2]["reward"] and steps[3]["reward"] == steps[4]["reward"]
+    assert steps[1]["kl"] == pytest.approx(0.0, abs=1e-6) and steps[2]["kl"] > 0
+
+
+def test_rl_two_processes_unsharded_rollouts(sft_run, tmp_path):
+    """rl over 2 FSDP2 ranks (gloo): rollouts on the gathered copy, ppo_epochs=2."""
+    run_dir = tmp_path / "rl-ddp"
+    rl = {"group_size": 2, "max_new_tokens": 3, "kl_coef": 0.0, "ppo_epochs": 2}
+    config = write_config(
+        run_dir,
+        recipe="rl",
+        steps=2,
+        checkpoint_interval=0,
+        global_batch=4,
+        seq_len=16,
+        max_operand=3,
+        init_from=str(sft_run),
+        rl=rl,
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    proc = subprocess.run(
+        [*cmd, "-m", "node.train.train", "--config", str(config)],
+        cwd=REPO,
+        env=env_for_subprocess(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "world 2 (FSDP2/gloo)" in proc.stdout
+    assert "rl rollouts: KV cache, unsharded policy" in proc.stdout
+    steps, _ = read_metrics(run_dir)
+    assert sorted(steps) == [1, 2]
+
+
 def test_two_processes_with_torchrun(tmp_path):
     run_dir = tmp_path / "ddp"
     config = write_config(run_dir, steps=20, checkpoint_interval=10)

@@ -28,6 +28,7 @@ class RLConfig:
     kl_coef: float = 0.0  # KL(policy || initial policy), k3 estimator; 0 skips the reference
     clip_eps: float = 0.2  # PPO-style ratio clip
     temperature: float = 1.0
+    ppo_epochs: int = 1  # optimizer steps per batch of samples; >1 reuses it (ρ is clipped)
 
 
 @dataclass
@@ -141,6 +142,11 @@ def _check(cfg: RunConfig) -> None:
         )
     if cfg.recipe == "rl" and cfg.rl.group_size < 2:
         problems.append("rl.group_size must be at least 2 (advantages are group-relative)")
+    epochs = cfg.rl.ppo_epochs
+    if cfg.recipe == "rl" and (isinstance(epochs, bool) or not isinstance(epochs, int)):
+        problems.append("rl.ppo_epochs must be an integer")
+    elif cfg.recipe == "rl" and epochs < 1:
+        problems.append("rl.ppo_epochs must be at least 1")
     if cfg.corpus_bytes is not None and cfg.corpus_bytes < 1:
         problems.append("corpus_bytes must be at least 1 (or null: the whole corpus)")
     if not cfg.text_field:

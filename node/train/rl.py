@@ -9,64 +9,30 @@ token is PPO's clipped surrogate ``min(ρ·A, clip(ρ, 1-ε, 1+ε)·A)`` minus
 ``kl_coef · KL(π || π_ref)`` (the k3 estimator, π_ref the policy the run started from),
 averaged over each completion's tokens and then over completions.
 
-One optimizer step per batch of samples (on-policy), so the sampling policy is the
-current one and ρ = exp(logπ - stop_grad(logπ)) = 1 in value; its gradient is the
-policy gradient. Generation recomputes the whole sequence for every new token (no KV
-cache) and always runs ``max_new_tokens`` forwards, so every FSDP rank makes the same
-collective calls.
+Each batch of samples is used for ``ppo_epochs`` consecutive optimizer steps (one
+update per step, as TRL's ``num_iterations``): a fresh batch is sampled at steps 1,
+1+E, 1+2E, ... and reused by the E-1 steps after it, so ``steps`` counts updates and a
+run sees steps/E batches. ρ = exp(logπ - logπ_old) uses the log-probs recorded right
+after sampling (old policy, no grad), so from the 2nd update on ρ ≠ 1 and ``clip_eps``
+clips. With E = 1 the sampling policy is the current one: ρ = exp(logπ - stop_grad(logπ))
+= 1 in value and its gradient is the policy gradient (no extra forward). A run resumed
+in the middle of a batch's updates samples that batch again from the resumed policy
+(the batch is not in the checkpoint).
+
+Rollouts use KV-cache generation on an unsharded copy of the policy (rollout.py).
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from .model import autocast
+from .rollout import _positions, generate, rollout_model
 from .tasks import PairSource
 
-
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.cumsum(-1) - 1).clamp(min=0)
-
-
-@torch.no_grad()
-def generate(
-    model,
-    prompts: list[list[int]],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    pad_id: int,
-    eos_id: int,
-    gen: torch.Generator,
-    device,
-):
-    """Left-padded prompts + sampled completions: (ids, attention mask, completion mask)."""
-    width = max(len(p) for p in prompts)
-    n = len(prompts)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    comp = torch.zeros_like(mask)
-    done = torch.zeros(n, dtype=torch.bool, device=device)
-    for _ in range(max_new_tokens):
-        logits = (
-            model(
-                input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False
-            )
-            .logits[:, -1]
-            .float()
-        )
-        probs = torch.softmax(logits / max(temperature, 1e-5), dim=-1)
-        nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        live = (~done).long()
-        ids = torch.cat([ids, nxt[:, None]], dim=1)
-        mask = torch.cat([mask, live[:, None]], dim=1)
-        comp = torch.cat([comp, live[:, None]], dim=1)
-        done |= nxt == eos_id
-    return ids, mask, comp
+log = logging.getLogger("mtc.runtime")
 
 
 def completion_text(tok, ids: list[int]) -> str:
@@ -124,27 +90,54 @@ class RLTask:
         # prompts: this rank's share and how many per micro-batch
         self.first, self.count, self.micro = d.micro_share(cfg.global_batch, cfg.micro_batch)
         self.group = cfg.rl.group_size
+        self.epochs = cfg.rl.ppo_epochs
+        self.precision = cfg.precision
+        if self.precision == "auto":
+            self.precision = "bf16" if d.device.type == "cuda" else "fp32"
+        self._batch: tuple[int, list, dict] | None = None  # (first step, mbs, extra)
+        self._mode = ""  # how the last rollout ran, logged when it changes
 
     def prepare(self, model, step: int):
-        cfg, tok, G = self.cfg, self.tok, self.group
+        first = step - (step - 1) % self.epochs  # the step that sampled this batch
+        if self._batch is None or self._batch[0] != first:
+            self._batch = None  # free the previous batch before sampling the next
+            self._batch = (first, *self._sample(model, first))
+        return self._batch[1], self._batch[2]
+
+    def _sample(self, model, step: int):
+        cfg, tok, G, d = self.cfg, self.tok, self.group, self.d
         pairs = self.source.for_step(step, cfg.global_batch, self.first, self.count)
         prompts = [[tok.bos_id, *tok.encode(p)][-cfg.seq_len :] for p, _ in pairs]
-        gen = torch.Generator(device=self.d.device)
-        gen.manual_seed((cfg.seed * 1_000_003 + step * 7919 + self.d.rank * 104729) % 2**63)
+        gen = torch.Generator(device=d.device)
+        gen.manual_seed((cfg.seed * 1_000_003 + step * 7919 + d.rank * 104729) % 2**63)
         mbs, reward_sum, n = [], 0.0, 0
-        for i in range(0, len(pairs), self.micro):
+        # FSDP2 computes in bf16 when asked (its mixed precision): the copy matches it.
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
+        length = max(map(len, prompts), default=1) + cfg.rl.max_new_tokens
+        rollout = rollout_model(model, d, dtype=dtype, rows=self.micro * G, length=length)
+        with rollout as (policy, unsharded), autocast(d, self.precision):
+            mode = "unsharded" if unsharded or not d.enabled else "sharded (no room for a copy)"
+            if mode != self._mode:
+                log.info("rl rollouts: KV cache, %s policy", mode)
+                self._mode = mode
+            samples = []
+            for i in range(0, len(pairs), self.micro):
+                rows = [p for p in prompts[i : i + self.micro] for _ in range(G)]
+                samples.append(
+                    generate(
+                        policy,
+                        rows,
+                        max_new_tokens=cfg.rl.max_new_tokens,
+                        temperature=cfg.rl.temperature,
+                        pad_id=tok.pad_id,
+                        eos_id=tok.eos_id,
+                        gen=gen,
+                        device=d.device,
+                        fixed_length=not unsharded,
+                    )
+                )
+        for i, (ids, mask, comp) in zip(range(0, len(pairs), self.micro), samples, strict=True):
             chunk = pairs[i : i + self.micro]
-            rows = [p for p in prompts[i : i + self.micro] for _ in range(G)]
-            ids, mask, comp = generate(
-                model,
-                rows,
-                max_new_tokens=cfg.rl.max_new_tokens,
-                temperature=cfg.rl.temperature,
-                pad_id=tok.pad_id,
-                eos_id=tok.eos_id,
-                gen=gen,
-                device=self.d.device,
-            )
             width = ids.size(1) - cfg.rl.max_new_tokens
             texts = [completion_text(tok, row[width:]) for row in ids.tolist()]
             r = torch.tensor(
@@ -158,12 +151,15 @@ class RLTask:
                 "mask": mask,
                 "tmask": comp[:, 1:].float(),
                 "adv": adv,
-                "weight": len(rows),
+                "weight": ids.size(0),
                 "tokens": int(mask.sum()),
             }
             if self.ref is not None and cfg.rl.kl_coef > 0:
                 with torch.no_grad():
                     mb["ref_logp"] = token_logprobs(self.ref, ids, mask)
+            if self.epochs > 1:  # π_old: the policy that sampled, as the loss computes it
+                with torch.no_grad(), autocast(d, self.precision):
+                    mb["old_logp"] = token_logprobs(model, ids, mask)
             mbs.append(mb)
         return mbs, {"reward_sum": reward_sum, "reward_n": n}
 
@@ -171,7 +167,7 @@ class RLTask:
         logp = token_logprobs(model, mb["ids"], mb["mask"])
         loss, kl = grpo_loss_sum(
             logp,
-            logp.detach(),
+            mb.get("old_logp", logp.detach()),
             mb["adv"],
             mb["tmask"],
             clip_eps=self.cfg.rl.clip_eps,
