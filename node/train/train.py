@@ -205,9 +205,10 @@ def _train_step(cfg: RunConfig, d: Dist, p: Prepared, step: int) -> tuple[dict, 
     (weight,) = d.all_reduce([sum(mb["weight"] for mb in mbs)])
     scale = d.world / max(weight, 1.0)  # FSDP averages gradients over ranks
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
-    for i, mb in enumerate(mbs):
-        if d.enabled and len(mbs) > 1:  # reduce-scatter once, after the last micro-batch
-            p.model.set_requires_gradient_sync(i == len(mbs) - 1)
+    # FSDP2 reduce-scatters after every micro-batch's backward and sums into the sharded
+    # gradients: no micro-batch keeps a full-size fp32 gradient alive (what skipping the
+    # sync until the last one would do, a whole model's worth per rank).
+    for mb in mbs:
         with autocast(d, p.precision):
             loss = p.task.loss(p.model, mb)
         (loss * scale).backward()
