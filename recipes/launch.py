@@ -30,6 +30,7 @@ from slurm.submit import SubmissionError
 
 from .catalog import Recipe, RecipeError, micro_batch_problem, recipe_get
 from .gpu_launch import env_block, partition_pool
+from .memory import memory_problem
 
 BODY_FIELDS = (
     "nodes",
@@ -216,6 +217,16 @@ def recipe_plan(
         problem = params and micro_batch_problem(params, submission.nodes * nproc)
         if problem:
             errors["overrides.micro_batch"] = problem
+        if params and pool is not None and "overrides.micro_batch" not in errors:
+            too_big = memory_problem(
+                family=params.get("family") or recipe.family,
+                params=params,
+                nodes=submission.nodes,
+                gpus=submission.gpus_per_node,
+                accelerator=pool.accelerator,
+            )
+            if too_big:
+                errors["nodes"] = too_big
     if errors:
         raise LaunchError(errors)
     srun_cpus = _ask_for_the_node(submission, pool, cluster.provider)
