@@ -30,7 +30,7 @@ from slurm.submit import SubmissionError
 
 from .catalog import Recipe, RecipeError, micro_batch_problem, recipe_get
 from .gpu_launch import env_block, partition_pool
-from .memory import memory_problem
+from .memory import memory_problem, signal_lead
 
 BODY_FIELDS = (
     "nodes",
@@ -44,6 +44,7 @@ BODY_FIELDS = (
 # Rendezvous ports per job: below the kernel's ephemeral range and above the ports
 # the local provider gives Slurm daemons.
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 30000, 2500
+REQUEUE_FILE = "requeue.json"  # the runtime's (node/train/train.py) after a SIGUSR1 stop
 
 SCRIPT = r"""#!/bin/bash
 # mtc recipe {recipe_id}: {title}
@@ -59,11 +60,23 @@ export RDZV_HOST={rdzv_host}
 export RDZV_PORT=$(( {port_base} + SLURM_JOB_ID % {port_span} ))
 echo "mtc: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST," \
      "restart ${{SLURM_RESTART_COUNT:-0}}, rendezvous $RDZV_HOST:$RDZV_PORT"
+# SIGUSR1 ({lead} s before the time limit, or from scancel --signal=USR1) goes to the
+# steps: torchrun passes it to its ranks, which save a checkpoint after the current step
+# (torchrun waits {lead} s for them), leave requeue.json, and this script requeues the job.
+trap 'echo "mtc: SIGUSR1: the ranks stop at a checkpoint"' USR1
 # One torchrun per node; each learns its node rank from Slurm.
+status=0
 srun --ntasks-per-node=1 {srun_cpus}--kill-on-bad-exit=1 bash -c 'exec "$MTC_PYTHON" \
   -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" \
   --nproc-per-node="$MTC_NPROC" --master-addr="$RDZV_HOST" --master-port="$RDZV_PORT" \
-  -m node.train.train --config "$MTC_RUN_CONFIG"'
+  --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout={lead} \
+  -m node.train.train --config "$MTC_RUN_CONFIG"' || status=$?
+if [ -f {requeue_file} ]; then
+  rm -f {requeue_file}
+  echo "mtc: stopped at a checkpoint on SIGUSR1; requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"
 """
 
 
@@ -230,6 +243,12 @@ def recipe_plan(
     if errors:
         raise LaunchError(errors)
     srun_cpus = _ask_for_the_node(submission, pool, cluster.provider)
+    lead = signal_lead(
+        family=params.get("family") or recipe.family,
+        model=params["model"],
+        nodes=submission.nodes,
+    )
+    submission.signal = f"USR1@{lead}"
     config = _run_config(recipe_id, params, run_dir, real_gpus)
     if real_gpus and submission.gpus_per_node:
         config["require_cuda"] = True  # no CUDA there: fail fast, never train on CPU
@@ -255,6 +274,8 @@ def recipe_plan(
         config=shlex.quote(str(run_dir / "run.json")),
         gpu_env=env_block(pool.machine_type if pool else "", gpus=bool(submission.gpus_per_node)),
         srun_cpus=srun_cpus,
+        lead=lead,
+        requeue_file=shlex.quote(str(run_dir / REQUEUE_FILE)),
     )
     submission.script = script
     return LaunchPlan(

@@ -146,3 +146,20 @@ def memory_problem(
         f"{accelerator} ({need.describe()} GB), more than the "
         f"{usable / GB:.0f} GB usable of {memory / GB:.0f} GB; {advice}"
     )
+
+
+# --- how long before the end a job is warned (sbatch --signal=USR1@<lead>) --------------
+LEAD_FLOOR_S = 60  # finish the step in progress (seconds even for 70B) and start the save
+WRITE_BYTES_PER_S = 1 * GB  # per node, to the shared checkpoint storage: a low estimate
+LEAD_MAX_S = 3600
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two fp32 moments
+
+
+def signal_lead(*, family: str, model: str, nodes: int) -> int:
+    """Seconds of warning a run needs to save a checkpoint: the floor plus this node's
+    share of the checkpoint at WRITE_BYTES_PER_S (every node writes its ranks' shards)."""
+    p = _preset(family, model)
+    if p is None:
+        return LEAD_FLOOR_S
+    per_node = param_count(p) * CHECKPOINT_BYTES_PER_PARAM / max(nodes, 1)
+    return min(LEAD_MAX_S, LEAD_FLOOR_S + int(per_node / WRITE_BYTES_PER_S))

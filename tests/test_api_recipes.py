@@ -341,6 +341,12 @@ def test_dry_run_shows_the_sbatch_options_for_the_whole_gpu_node(cluster, user_a
     assert options[0] == "sbatch" and "--nodes=2" in options
     assert "--gpus-per-node=8" in options and "--mem=0" in options
     assert "--cpus-per-task=2" in options  # the node's cores, not 1
+    # A tiny model's save fits in the floor: SIGUSR1 a minute ahead, torchrun forwards it
+    # and waits that long for the ranks' checkpoint; the script requeues after it.
+    assert "--signal=USR1@60" in options
+    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in body["script"]
+    assert "--shutdown-timeout=60" in body["script"]
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in body["script"]
     assert "PYTORCH_ALLOC_CONF=expandable_segments:True" in body["script"]
     assert "NCCL_NET" not in body["script"]  # local machines: no cloud NCCL plugin
     # Emulated GPUs: one CPU rank per node, and the runtime must not demand CUDA.
@@ -400,6 +406,8 @@ def test_a_launch_that_cannot_fit_in_gpu_memory_names_the_node_count_that_does(c
         format="json",
     )
     assert fits.status_code == 200, fits.content
+    # 8B: 96 GB of weights and AdamW state on one node, at 1 GB/s after the 60 s floor.
+    assert "--signal=USR1@156" in fits.json()["options"]
 
 
 def test_gpu_memory_table_and_estimate():
