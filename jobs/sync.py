@@ -115,7 +115,7 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
     existing = {
         job.job_id: job
         for job in Job.objects.filter(cluster=cluster).only(
-            "id", "job_id", "job_number", "array_task_id", "requeue_count", *SYNCED
+            "id", "job_id", "job_number", "array_task_id", "requeue_count", "recipe", *SYNCED
         )
     }
     task_states: dict[int, list[str]] = {}
@@ -134,6 +134,7 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
     updated: dict[int, Job] = {}
     fields: set[str] = {"update_time"}
     events: list[dict] = []
+    held: list[str] = []
     for q in queue:
         job = existing.get(q.job_id)
         if job is None:
@@ -153,6 +154,8 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
             continue
         changed = _changes(job, q)
         if changed:
+            if _held_after_requeue(job, q):
+                held.append(q.job_id)
             if job.state != q.state or job.reason != q.reason:
                 events.append(_event(job.pk, now, q.state, q.reason, "seen by the poller"))
             _copy(job, q, now)
@@ -199,8 +202,32 @@ def jobs_sync(*, cluster: Cluster, queue: list[QueueJob] | None = None) -> dict[
             ]
         bulk_update(list(updated.values()), sorted(fields))
         bulk_insert(JobEvent, events)
+    if held:
+        _start_now(cluster, held)
     return {"created": len(new_rows), "updated": len(updated) - gone, "gone": gone}
 
 
 def _event(job_pk: int, now: datetime, state: str, reason: str, cause: str) -> dict:
     return {"job_id": job_pk, "time": now, "state": state, "reason": reason, "cause": cause}
+
+
+def _held_after_requeue(job: Job, q: QueueJob) -> bool:
+    """A recipe job its batch script requeued (after SIGUSR1 and a checkpoint), newly held
+    back by Slurm's BeginTime (its credential lifetime, two minutes): mtc starts the jobs
+    it requeues itself at once, and these too."""
+    return (
+        bool(job.recipe)
+        and q.state == JobState.PENDING
+        and q.reason == "BeginTime"
+        and q.restart_count > 0
+        and job.reason != "BeginTime"
+    )
+
+
+def _start_now(cluster: Cluster, job_ids: list[str]) -> None:
+    client = get_provider(cluster.provider).slurm(cluster)
+    for job_id in job_ids:
+        try:
+            client.job_start_now(job_id)
+        except SlurmError as exc:  # best effort: Slurm starts it after the hold anyway
+            log.info("starting requeued job %s now failed: %s", job_id, exc)
