@@ -26,6 +26,7 @@ from mtc.fielderrors import FieldErrors
 from registry.checkpoints import checkpoint_is_complete
 from registry.names import is_model_ref
 from registry.selectors import VersionRefError, register_as_problem, version_resolve
+from slurm.config import KILL_WAIT_S
 from slurm.submit import SubmissionError
 
 from .catalog import Recipe, RecipeError, micro_batch_problem, recipe_get
@@ -74,7 +75,15 @@ srun --ntasks-per-node=1 {srun_cpus}--kill-on-bad-exit=1 bash -c 'exec "$MTC_PYT
 if [ -f {requeue_file} ]; then
   rm -f {requeue_file}
   echo "mtc: stopped at a checkpoint on SIGUSR1; requeueing job $SLURM_JOB_ID"
-  scontrol requeue "$SLURM_JOB_ID"
+  for try in 1 2 3 4 5; do
+    if scontrol requeue "$SLURM_JOB_ID"; then
+      # Slurm ends this script as part of the requeue; exiting first would end the job
+      # (FAILED, with the ranks' status) before the requeue is through.
+      sleep {kill_wait} || true
+      break
+    fi
+    sleep "$try"
+  done
 fi
 exit "$status"
 """
@@ -275,6 +284,7 @@ def recipe_plan(
         gpu_env=env_block(pool.machine_type if pool else "", gpus=bool(submission.gpus_per_node)),
         srun_cpus=srun_cpus,
         lead=lead,
+        kill_wait=KILL_WAIT_S,
         requeue_file=shlex.quote(str(run_dir / REQUEUE_FILE)),
     )
     submission.script = script

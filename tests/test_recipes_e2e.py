@@ -10,7 +10,7 @@ from clusters import services as cluster_services
 from clusters.models import Cluster
 from clusters.providers import get_provider
 from identity.models import PosixAccount
-from jobs.models import Job, JobMetric
+from jobs.models import Job, JobEvent, JobMetric
 from jobs.sync import jobs_sync
 from recipes.metrics import recipe_jobs_ingest
 
@@ -45,7 +45,7 @@ def poll(cluster, job_id: str, until, timeout: float = 240) -> Job:
         job = Job.objects.get(cluster=cluster, job_id=job_id)
         if until(job):
             return job
-        assert job.state not in TERMINAL, (job.state, output(job))
+        assert job.state not in TERMINAL, (job.state, output(job, 20000))
         return None
 
     return wait_until(
@@ -63,9 +63,9 @@ def finished(cluster, job_id: str) -> Job:
     return job
 
 
-def output(job: Job) -> str:
+def output(job: Job, tail: int = 3000) -> str:
     root = Path(job.checkpoint_dir).parents[2] / "output"
-    return "\n".join(p.read_text()[-3000:] for p in sorted(root.glob(f"slurm-{job.job_id}.*")))
+    return "\n".join(p.read_text()[-tail:] for p in sorted(root.glob(f"slurm-{job.job_id}.*")))
 
 
 def loss_at(job: Job, step: int) -> float:
@@ -102,6 +102,8 @@ def test_pretrain_on_two_nodes_then_an_exact_resume_after_requeue(cluster, user_
         for p in Path(second.checkpoint_dir).parents[2].glob(f"output/slurm-{job_id}.out")
     )
     assert "requeueing job" in out and "restart 1" in out
+    seen = set(JobEvent.objects.filter(job=second).values_list("state", flat=True))
+    assert not seen & {"FAILED", "CANCELLED"}, seen  # never shown ended on the way
     for step in range(at + 1, min(at + 4, 61)):  # the uninterrupted run's next losses
         assert loss_at(second, step) == pytest.approx(loss_at(first, step), rel=1e-5), step
     assert loss_at(second, 60) == pytest.approx(loss_at(first, 60), rel=1e-5)
