@@ -403,8 +403,10 @@ def test_keep_checkpoints(tmp_path):
     assert names == ["step-000006", "step-000008"]
 
 
-def test_sigterm_checkpoints_then_exits(tmp_path):
-    """Slurm's preemption / time-limit signal: checkpoint after the current step, exit 143."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_stop_signals_checkpoint_then_exit(tmp_path, sig):
+    """Slurm's requeue / preemption (SIGTERM) or --signal warning (SIGUSR1): checkpoint
+    after the current step, exit 143; after SIGUSR1 the batch script is asked to requeue."""
     run_dir = tmp_path / "term"
     config = write_config(run_dir, steps=100_000, checkpoint_interval=0)
     proc = subprocess.Popen(
@@ -414,7 +416,7 @@ def test_sigterm_checkpoints_then_exits(tmp_path):
     )  # fmt: skip
     for line in proc.stdout:
         if line.startswith("step 1/"):
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             break
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 143, out
@@ -422,3 +424,8 @@ def test_sigterm_checkpoints_then_exits(tmp_path):
     stopped = events[-1]
     assert stopped["event"] == "stopped" and stopped["reason"] == "signal"
     assert (run_dir / "checkpoints" / f"step-{stopped['step']:06d}" / "COMPLETE").exists()
+    requeue = run_dir / train.REQUEUE_FILE
+    if sig == signal.SIGUSR1:
+        assert json.loads(requeue.read_text()) == {"step": stopped["step"], "signal": "SIGUSR1"}
+    else:
+        assert not requeue.exists()

@@ -143,8 +143,7 @@ def run(cfg: RunConfig, d: Dist) -> int:
     elif p.init is not None:
         say(d, f"initialised from {p.init}")
     try:
-        with _StopSignals():
-            return _loop(cfg, d, p, metrics, fpt, peak)
+        return _loop(cfg, d, p, metrics, fpt, peak)
     finally:
         metrics.close()
 
@@ -306,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); "
                 "it would train on CPU. Check the node's driver and that the job got GPUs."
             )
-        return run(cfg, d)
+        # From before the setup (tokenizer, data, model), which can take minutes: a
+        # signal then stops the run after its first step, instead of killing the rank.
+        with _StopSignals():
+            return run(cfg, d)
     except (ConfigError, RunError, CorpusError, FileNotFoundError) as exc:
         log.error("%s", exc)
         return 2
