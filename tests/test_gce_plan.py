@@ -191,3 +191,14 @@ def test_a_gpu_pool_not_from_a_reservation_keeps_its_compact_placement():
     assert needs_placement_policy(pool)
     assert not needs_placement_policy({**pool, "provisioning_model": "RESERVATION"})
     assert not needs_placement_policy({"machine_spec": {}, "provisioning_model": "STANDARD"})
+
+
+def test_gce_slurm_conf_gives_jobs_time_to_checkpoint_after_sigterm():
+    import copy
+
+    from clusters.providers.gce.bootstrap import slurm_conf
+
+    spec = copy.deepcopy(architecture_get("a3-ultra-pretraining").spec)
+    assert "KillWait=120\n" in slurm_conf(spec)
+    spec["orchestrator_spec"]["slurm_spec"]["config_overrides"] = {"KillWait": "300"}
+    assert "KillWait=300\n" in slurm_conf(spec)
