@@ -2,6 +2,8 @@
 (every rank holds 1/ranks of the parameters, gradients and optimizer state) plus what
 is not sharded (one layer's gathered weights and its gradient, twice for prefetch, the
 activations of one micro-batch, the logits), against the GPU's memory less headroom.
+And how long before its time limit a run is warned (``signal_lead``): long enough to
+save a checkpoint of that size.
 
 Django-free: it reads the recipe parameters and the pool's GPU type and count.
 """
