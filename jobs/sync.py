@@ -18,7 +18,7 @@ from slurm import SlurmError
 from slurm.accounting import AcctJob
 from slurm.queue import QueueJob
 
-from .choices import ACTIVE_STATES
+from .choices import ACTIVE_STATES, JobState
 from .models import Job, JobEvent
 from .settle import array_state, settle
 
@@ -100,6 +100,7 @@ def _rows(cluster: Cluster, queue: list[QueueJob]) -> dict[str, Job]:
         "job_number",
         "array_task_id",
         "requeue_count",
+        "recipe",  # a recipe job its script requeued is started at once (_held_after_requeue)
         "settled",
         "gone_time",
         *SYNCED,
@@ -149,6 +150,7 @@ def jobs_sync(
     updated: dict[int, Job] = {}
     fields: set[str] = {"update_time"}
     events: list[dict] = []
+    held: list[str] = []
     for q in queue:
         job = existing.get(q.job_id)
         if job is None:
@@ -171,6 +173,8 @@ def jobs_sync(
             job.gone_time = None
             changed.append("gone_time")
         if changed:
+            if _held_after_requeue(job, q):
+                held.append(q.job_id)
             if job.state != q.state or job.reason != q.reason:
                 events.append(_event(job.pk, now, q.state, q.reason, "seen by the poller"))
             _copy(job, q, now)
@@ -226,8 +230,32 @@ def jobs_sync(
         bulk_insert(JobEvent, events)
     leaver_pks = {job.pk for job in leavers}
     updates = sum(1 for pk in updated if pk not in leaver_pks)
+    if held:
+        _start_now(cluster, held)
     return {"created": len(new_rows), "updated": updates, "gone": gone}
 
 
 def _event(job_pk: int, now: datetime, state: str, reason: str, cause: str) -> dict:
     return {"job_id": job_pk, "time": now, "state": state, "reason": reason, "cause": cause}
+
+
+def _held_after_requeue(job: Job, q: QueueJob) -> bool:
+    """A recipe job its batch script requeued (after SIGUSR1 and a checkpoint), newly held
+    back by Slurm's BeginTime (its credential lifetime, two minutes): mtc starts the jobs
+    it requeues itself at once, and these too."""
+    return (
+        bool(job.recipe)
+        and q.state == JobState.PENDING
+        and q.reason == "BeginTime"
+        and q.restart_count > 0
+        and job.reason != "BeginTime"
+    )
+
+
+def _start_now(cluster: Cluster, job_ids: list[str]) -> None:
+    client = get_provider(cluster.provider).slurm(cluster)
+    for job_id in job_ids:
+        try:
+            client.job_start_now(job_id)
+        except SlurmError as exc:  # best effort: Slurm starts it after the hold anyway
+            log.info("starting requeued job %s now failed: %s", job_id, exc)

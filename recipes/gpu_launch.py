@@ -75,6 +75,7 @@ class PoolShape:
     machine_type: str
     gpus: int
     cpus: int  # cores Slurm knows for the node; 0 when mtc does not know them
+    accelerator: str = ""  # the spec's accelerator_type (emulated GPUs state theirs too)
 
 
 def partition_pool(spec: dict, partition: str = "") -> PoolShape | None:
@@ -93,7 +94,9 @@ def partition_pool(spec: dict, partition: str = "") -> PoolShape | None:
         machine = pool["machine_spec"]
         machine_type = machine["machine_type"]
         cpus = int(machine_type.split("-", 1)[1]) if machine_type.startswith("local-") else 0
-        return PoolShape(pool_id, machine_type, machine.get("accelerator_count", 0) or 0, cpus)
+        gpus = machine.get("accelerator_count", 0) or 0
+        accelerator = machine.get("accelerator_type", "") or ""
+        return PoolShape(pool_id, machine_type, gpus, cpus, accelerator)
     return None
 
 

@@ -26,11 +26,13 @@ from mtc.fielderrors import FieldErrors
 from registry.checkpoints import checkpoint_is_complete
 from registry.names import is_model_ref
 from registry.selectors import VersionRefError, register_as_problem, version_resolve
+from slurm.config import KILL_WAIT_S
 from slurm.submit import SubmissionError
 
 from .catalog import Recipe, RecipeError, micro_batch_problem, recipe_get
 from .gpu_launch import env_block, partition_pool
 from .hf_init import hf_init_problem
+from .memory import memory_problem, signal_lead
 
 BODY_FIELDS = (
     "nodes",
@@ -44,6 +46,7 @@ BODY_FIELDS = (
 # Rendezvous ports per job: below the kernel's ephemeral range and above the ports
 # the local provider gives Slurm daemons.
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 30000, 2500
+REQUEUE_FILE = "requeue.json"  # the runtime's (node/train/train.py) after a SIGUSR1 stop
 
 SCRIPT = r"""#!/bin/bash
 # mtc recipe {recipe_id}: {title}
@@ -59,11 +62,31 @@ export RDZV_HOST={rdzv_host}
 export RDZV_PORT=$(( {port_base} + SLURM_JOB_ID % {port_span} ))
 echo "mtc: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST," \
      "restart ${{SLURM_RESTART_COUNT:-0}}, rendezvous $RDZV_HOST:$RDZV_PORT"
+# SIGUSR1 ({lead} s before the time limit, or from scancel --signal=USR1) goes to the
+# steps: torchrun passes it to its ranks, which save a checkpoint after the current step
+# (torchrun waits {lead} s for them), leave requeue.json, and this script requeues the job.
+trap 'echo "mtc: SIGUSR1: the ranks stop at a checkpoint"' USR1
 # One torchrun per node; each learns its node rank from Slurm.
+status=0
 srun --ntasks-per-node=1 {srun_cpus}--kill-on-bad-exit=1 bash -c 'exec "$MTC_PYTHON" \
   -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES" --node-rank="$SLURM_NODEID" \
   --nproc-per-node="$MTC_NPROC" --master-addr="$RDZV_HOST" --master-port="$RDZV_PORT" \
-  -m node.train.train --config "$MTC_RUN_CONFIG"'
+  --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --shutdown-timeout={lead} \
+  -m node.train.train --config "$MTC_RUN_CONFIG"' || status=$?
+if [ -f {requeue_file} ]; then
+  rm -f {requeue_file}
+  echo "mtc: stopped at a checkpoint on SIGUSR1; requeueing job $SLURM_JOB_ID"
+  for try in 1 2 3 4 5; do
+    if scontrol requeue "$SLURM_JOB_ID"; then
+      # Slurm ends this script as part of the requeue; exiting first would end the job
+      # (FAILED, with the ranks' status) before the requeue is through.
+      sleep {kill_wait} || true
+      break
+    fi
+    sleep "$try"
+  done
+fi
+exit "$status"
 """
 
 
@@ -222,9 +245,25 @@ def recipe_plan(
         problem = params and micro_batch_problem(params, submission.nodes * nproc)
         if problem:
             errors["overrides.micro_batch"] = problem
+        if params and pool is not None and "overrides.micro_batch" not in errors:
+            too_big = memory_problem(
+                family=params.get("family") or recipe.family,
+                params=params,
+                nodes=submission.nodes,
+                gpus=submission.gpus_per_node,
+                accelerator=pool.accelerator,
+            )
+            if too_big:
+                errors["nodes"] = too_big
     if errors:
         raise LaunchError(errors)
     srun_cpus = _ask_for_the_node(submission, pool, cluster.provider)
+    lead = signal_lead(
+        family=params.get("family") or recipe.family,
+        model=params["model"],
+        nodes=submission.nodes,
+    )
+    submission.signal = f"USR1@{lead}"
     config = _run_config(recipe_id, params, run_dir, real_gpus)
     if real_gpus and submission.gpus_per_node:
         config["require_cuda"] = True  # no CUDA there: fail fast, never train on CPU
@@ -250,6 +289,9 @@ def recipe_plan(
         config=shlex.quote(str(run_dir / "run.json")),
         gpu_env=env_block(pool.machine_type if pool else "", gpus=bool(submission.gpus_per_node)),
         srun_cpus=srun_cpus,
+        lead=lead,
+        kill_wait=KILL_WAIT_S,
+        requeue_file=shlex.quote(str(run_dir / REQUEUE_FILE)),
     )
     submission.script = script
     return LaunchPlan(

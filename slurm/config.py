@@ -12,6 +12,13 @@ HEALTH_CHECK_PROGRAM = "etc/mtc-healthcheck.sh"
 # Seconds between two runs on a node. Slurm starts a run on every node at once unless
 # CYCLE spreads them over the interval, which keeps a one-host cluster's load flat.
 HEALTH_CHECK_INTERVAL = 60
+# Seconds between SIGTERM and SIGKILL when Slurm ends a job (scancel, scontrol requeue,
+# a preemption, a node's jobs requeued). A recipe job saves a checkpoint on SIGTERM after
+# its current step; Slurm's default (30 s, and the 5 s local clusters had) kills it
+# mid-save. 120 s covers the step and a save of ~100 GB per node at 1 GB/s; larger runs
+# get their lead from --signal=USR1 (recipes/memory.py). It also bounds how long any
+# cancelled job may linger, so it stays minutes, not hours.
+KILL_WAIT_S = 120
 HEALTH_CHECK_NODE_STATE = "ANY,CYCLE"
 
 
@@ -122,7 +129,7 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         "SlurmdTimeout": "10",
         "SlurmctldTimeout": "10",
         "MessageTimeout": "10",
-        "KillWait": "5",
+        "KillWait": str(KILL_WAIT_S),
         "InactiveLimit": "0",
         "MinJobAge": "300",
         "JobRequeue": "1",

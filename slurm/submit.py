@@ -68,6 +68,7 @@ class Submission:
     # Set by mtc's own launches (recipes), not by the submit body: the whole node.
     mem: str = ""  # --mem ("0": all of the node's memory)
     exclusive: bool = False
+    signal: str = ""  # --signal, e.g. "USR1@120": a warning ahead of the time limit
 
     def as_options(self) -> dict[str, Any]:
         """What is stored with the job (the script is stored on its own)."""
@@ -229,6 +230,8 @@ def sbatch_args(sub: Submission, *, output_dir: str, work_dir: str, comment: str
         args.append(f"--mem={sub.mem}")
     if sub.exclusive:
         args.append("--exclusive")
+    if sub.signal:
+        args.append(f"--signal={sub.signal}")
     if sub.time_limit:
         args.append(f"--time={sub.time_limit}")
     if sub.dependency:

@@ -355,6 +355,12 @@ def test_dry_run_shows_the_sbatch_options_for_the_whole_gpu_node(cluster, user_a
     assert options[0] == "sbatch" and "--nodes=2" in options
     assert "--gpus-per-node=8" in options and "--mem=0" in options
     assert "--cpus-per-task=2" in options  # the node's cores, not 1
+    # A tiny model's save fits in the floor: SIGUSR1 a minute ahead, torchrun forwards it
+    # and waits that long for the ranks' checkpoint; the script requeues after it.
+    assert "--signal=USR1@60" in options
+    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in body["script"]
+    assert "--shutdown-timeout=60" in body["script"]
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in body["script"]
     assert "PYTORCH_ALLOC_CONF=expandable_segments:True" in body["script"]
     assert "NCCL_NET" not in body["script"]  # local machines: no cloud NCCL plugin
     # Emulated GPUs: one CPU rank per node, and the runtime must not demand CUDA.
@@ -394,3 +400,41 @@ def test_gpu_machine_types_carry_their_nccl_environment(
     assert "MTC_NPROC=8" in script  # one rank per real GPU
     assert body["run_config"]["require_cuda"] is True
     assert real.gpus_emulated in (True, False)
+
+
+def test_a_launch_that_cannot_fit_in_gpu_memory_names_the_node_count_that_does(cluster, user_api):
+    """The local pool states its (emulated) GPUs: 8 x NVIDIA_H200_141GB per node."""
+    response = user_api.post(
+        "/api/v1/clusters/rc/recipes/llama-pretrain/launch",
+        {"nodes": 1, "overrides": {"model": "llama3-70b", "seq_len": 2048}, "dry_run": True},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    message = response.json()["error"]["fields"]["nodes"]
+    assert "llama3-70b needs about 212.6 GB per GPU on 1 node(s) x 8 NVIDIA_H200_141GB" in message
+    assert "optimizer state 70.6" in message and "3 nodes fit" in message
+    assert not Job.objects.exists()
+    fits = user_api.post(
+        "/api/v1/clusters/rc/recipes/llama-pretrain/launch",
+        {"nodes": 1, "overrides": {"model": "llama3-8b", "seq_len": 2048}, "dry_run": True},
+        format="json",
+    )
+    assert fits.status_code == 200, fits.content
+    # 8B: 96 GB of weights and AdamW state on one node, at 1 GB/s after the 60 s floor.
+    assert "--signal=USR1@156" in fits.json()["options"]
+
+
+def test_gpu_memory_table_and_estimate():
+    from node.train.presets import PRESETS
+    from recipes.memory import GB, estimate, gpu_memory
+
+    assert gpu_memory("NVIDIA_H200_141GB") == 141 * GB and gpu_memory("NVIDIA_B200") == 180 * GB
+    assert gpu_memory("NVIDIA_FUTURE_96GB") == 96 * GB and gpu_memory("SOMETHING") is None
+    p = PRESETS["llama"]["llama3-8b"]
+    base = {"global_batch": 64, "seq_len": 4096}
+    full = estimate(p, base, 8, reference=False)
+    assert full.params + full.grads + full.optimizer == pytest.approx(16 * 8.03e9 / 8, rel=0.01)
+    micro = estimate(p, {**base, "micro_batch": 1}, 8, reference=False)
+    ckpt = estimate(p, {**base, "micro_batch": 1, "activation_checkpointing": True}, 8,
+                    reference=False)  # fmt: skip
+    assert full.activations == 8 * micro.activations > micro.activations > ckpt.activations

@@ -227,3 +227,14 @@ def test_a_cloud_sql_accounting_spec_is_checked_field_by_field():
     base = "orchestrator_spec.slurm_spec.accounting.cloud_sql"
     for name in ("host", "user", "port", "password_secret", "extra"):
         assert f"{base}.{name}" in fields, name
+
+
+def test_gce_slurm_conf_gives_jobs_time_to_checkpoint_after_sigterm():
+    import copy
+
+    from clusters.providers.gce.bootstrap import slurm_conf
+
+    spec = copy.deepcopy(architecture_get("a3-ultra-pretraining").spec)
+    assert "KillWait=120\n" in slurm_conf(spec)
+    spec["orchestrator_spec"]["slurm_spec"]["config_overrides"] = {"KillWait": "300"}
+    assert "KillWait=300\n" in slurm_conf(spec)

@@ -218,6 +218,28 @@ def test_requeues_counted(cluster):
     assert job.requeue_count == 1 and job.reason == "BeginTime"
 
 
+def test_a_recipe_job_requeued_by_its_script_starts_without_the_begin_time_hold(
+    cluster, monkeypatch
+):
+    started = []
+
+    class Client:
+        def job_start_now(self, job_id):
+            started.append(job_id)
+
+    class Provider:
+        def slurm(self, cluster):
+            return Client()
+
+    monkeypatch.setattr("jobs.sync.get_provider", lambda name: Provider())
+    jobs_sync(cluster=cluster, queue=[qjob("7", "RUNNING"), qjob("8", "RUNNING")])
+    Job.objects.filter(job_id="7").update(recipe="llama-pretrain")
+    held = [qjob(i, "PENDING", reason="BeginTime", restart_count=1) for i in ("7", "8")]
+    jobs_sync(cluster=cluster, queue=held)
+    jobs_sync(cluster=cluster, queue=held)  # still held: asked once, when first seen
+    assert started == ["7"]  # not job 8: not a recipe job
+
+
 def test_array_tasks_inherit_the_arrays_owner_and_it_sums_them_up(cluster, user):
     Job.objects.create(
         cluster=cluster,

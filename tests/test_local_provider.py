@@ -25,6 +25,7 @@ def test_layout_matches_the_published_contract(cluster):
     assert "NodeName=pv-gpu-0 " in conf and "Gres=gpu:h200:8" in conf
     assert "PartitionName=gpu Nodes=pv-gpu-0,pv-gpu-1 Default=YES" in conf
     assert "SlurmdTimeout=10" in conf and "ReturnToService=2" in conf
+    assert "KillWait=120" in conf  # SIGTERM to SIGKILL: time for a checkpoint
     gres = (root / "etc" / "gres.conf").read_text()
     assert f"File={root}/nodes/pv-gpu-1/dev/nvidia[0-7]" in gres
     assert len(list((root / "nodes" / "pv-gpu-1" / "dev").iterdir())) == 8

@@ -1,14 +1,16 @@
 """Recipes end to end on a real 2-node local cluster: launch through the API, Slurm
 runs srun + torchrun on both nodes, the poller stores the metrics."""
 
+import json
 from pathlib import Path
 
 import pytest
 
 from clusters import services as cluster_services
 from clusters.models import Cluster
+from clusters.providers import get_provider
 from identity.models import PosixAccount
-from jobs.models import Job, JobMetric
+from jobs.models import Job, JobEvent, JobMetric
 from jobs.sync import jobs_sync
 from recipes.metrics import recipe_jobs_ingest
 
@@ -43,7 +45,7 @@ def poll(cluster, job_id: str, until, timeout: float = 240) -> Job:
         job = Job.objects.get(cluster=cluster, job_id=job_id)
         if until(job):
             return job
-        assert job.state not in TERMINAL, (job.state, output(job))
+        assert job.state not in TERMINAL, (job.state, output(job, 20000))
         return None
 
     return wait_until(
@@ -61,9 +63,9 @@ def finished(cluster, job_id: str) -> Job:
     return job
 
 
-def output(job: Job) -> str:
+def output(job: Job, tail: int = 3000) -> str:
     root = Path(job.checkpoint_dir).parents[2] / "output"
-    return "\n".join(p.read_text()[-3000:] for p in sorted(root.glob(f"slurm-{job.job_id}.*")))
+    return "\n".join(p.read_text()[-tail:] for p in sorted(root.glob(f"slurm-{job.job_id}.*")))
 
 
 def loss_at(job: Job, step: int) -> float:
@@ -80,12 +82,31 @@ def test_pretrain_on_two_nodes_then_an_exact_resume_after_requeue(cluster, user_
     assert all((Path(first.checkpoint_dir) / c / "COMPLETE").exists() for c in checkpoints)
     assert "step 60/60" in output(first)
 
+    # SIGUSR1 to the job's steps, as sbatch --signal=USR1@<lead> sends it ahead of a time
+    # limit: torchrun hands it to the ranks, they checkpoint the step they are at, and the
+    # batch script requeues the job, which resumes from that step.
     job_id = launch(user_api, "llama-pretrain", steps=60, checkpoint_interval=10)
-    poll(cluster, job_id, lambda j: j.metrics.get("last_checkpoint_step", 0) >= 30)
-    assert user_api.post(f"/api/v1/clusters/rx/jobs/{job_id}/requeue").status_code == 202
+    poll(cluster, job_id, lambda j: j.metrics.get("step", 0) >= 5)
+    slurm = get_provider(cluster.provider).slurm(cluster)
+    slurm.run(["scancel", "--signal=USR1", job_id])
     second = finished(cluster, job_id)
-    assert second.metrics["resumed_from_step"] >= 30 and second.requeue_count >= 1
-    assert loss_at(second, 60) == pytest.approx(loss_at(first, 60), rel=1e-4)
+    events = [json.loads(x) for x in (Path(second.checkpoint_dir).parent / "metrics.jsonl")
+              .read_text().splitlines() if '"event"' in x]  # fmt: skip
+    stopped = next(e for e in events if e["event"] == "stopped")
+    at = stopped["step"]
+    assert stopped["reason"] == "signal" and 5 <= at < 60, stopped
+    assert second.metrics["resumed_from_step"] == at and second.requeue_count >= 1
+    assert any(e["event"] == "checkpoint" and e["step"] == at for e in events)
+    out = "".join(
+        p.read_text()
+        for p in Path(second.checkpoint_dir).parents[2].glob(f"output/slurm-{job_id}.out")
+    )
+    assert "requeueing job" in out and "restart 1" in out
+    seen = set(JobEvent.objects.filter(job=second).values_list("state", flat=True))
+    assert not seen & {"FAILED", "CANCELLED"}, seen  # never shown ended on the way
+    for step in range(at + 1, min(at + 4, 61)):  # the uninterrupted run's next losses
+        assert loss_at(second, step) == pytest.approx(loss_at(first, step), rel=1e-5), step
+    assert loss_at(second, 60) == pytest.approx(loss_at(first, 60), rel=1e-5)
     curve = user_api.get(f"/api/v1/clusters/rx/jobs/{job_id}/metrics").json()
     assert [p["step"] for p in curve["series"]] == list(range(1, 61))
 

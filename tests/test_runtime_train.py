@@ -108,6 +108,12 @@ def test_pretrain_learns_checkpoints_and_metrics(pretrain_run):
     kinds = [e["event"] for e in events]
     assert kinds == ["start", "checkpoint", "checkpoint", "checkpoint", "done"]
     assert [e["step"] for e in events if e["event"] == "checkpoint"] == [20, 40, 60]
+    # Interval checkpoints are written in the background: step 21 trained meanwhile,
+    # and the checkpoint was marked complete only after that. The last one is synchronous.
+    assert [e.get("mode") for e in events if e["event"] == "checkpoint"] == ["async"] * 2 + [None]
+    lines = (pretrain_run / "metrics.jsonl").read_text().splitlines()
+    order = [(json.loads(x).get("event", "step"), json.loads(x)["step"]) for x in lines]
+    assert order.index(("checkpoint", 20)) > order.index(("step", 21))
     ckpts = sorted(p.name for p in (pretrain_run / "checkpoints").iterdir())
     assert ckpts == ["step-000020", "step-000040", "step-000060"]  # no partial dirs left
     for name in ckpts:
@@ -120,8 +126,9 @@ def test_pretrain_learns_checkpoints_and_metrics(pretrain_run):
 
 
 def test_resume_is_exact(pretrain_run, tmp_path, monkeypatch):
-    """Stopped after the step-30 checkpoint (a simulated preemption) and started again,
-    the run's step-60 loss is the uninterrupted run's."""
+    """Stopped after the step-30 checkpoint (a simulated preemption), that checkpoint
+    lost, and started again from the async step-20 one: the run's losses are the
+    uninterrupted run's."""
     run_dir = tmp_path / "resumed"
     monkeypatch.setenv("MTC_STOP_AT_STEP", "30")
     assert run_inprocess(run_dir, checkpoint_interval=20) == 0
@@ -129,14 +136,15 @@ def test_resume_is_exact(pretrain_run, tmp_path, monkeypatch):
     assert max(steps) == 30 and events[-1]["event"] == "stopped"
     assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"step-000020", "step-000030"}
 
+    shutil.rmtree(run_dir / "checkpoints" / "step-000030")
     monkeypatch.delenv("MTC_STOP_AT_STEP")
     assert run_inprocess(run_dir, checkpoint_interval=20) == 0
     steps, events = read_metrics(run_dir)
     resumed = [e for e in events if e["event"] == "resumed"]
-    assert len(resumed) == 1 and resumed[0]["from_step"] == 30
+    assert len(resumed) == 1 and resumed[0]["from_step"] == 20
     reference, _ = read_metrics(pretrain_run)
-    assert steps[60]["loss"] == pytest.approx(reference[60]["loss"], rel=1e-4)
-    assert steps[31]["loss"] == pytest.approx(reference[31]["loss"], rel=1e-4)
+    for step in (21, 31, 60):
+        assert steps[step]["loss"] == pytest.approx(reference[step]["loss"], rel=1e-5), step
 
 
 def test_incomplete_and_corrupt_checkpoints_are_skipped(pretrain_run, tmp_path, caplog):
@@ -447,8 +455,10 @@ def test_keep_checkpoints(tmp_path):
     assert names == ["step-000006", "step-000008"]
 
 
-def test_sigterm_checkpoints_then_exits(tmp_path):
-    """Slurm's preemption / time-limit signal: checkpoint after the current step, exit 143."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_stop_signals_checkpoint_then_exit(tmp_path, sig):
+    """Slurm's requeue / preemption (SIGTERM) or --signal warning (SIGUSR1): checkpoint
+    after the current step, exit 143; after SIGUSR1 the batch script is asked to requeue."""
     run_dir = tmp_path / "term"
     config = write_config(run_dir, steps=100_000, checkpoint_interval=0)
     proc = subprocess.Popen(
@@ -458,7 +468,7 @@ def test_sigterm_checkpoints_then_exits(tmp_path):
     )  # fmt: skip
     for line in proc.stdout:
         if line.startswith("step 1/"):
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             break
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 143, out
@@ -466,3 +476,8 @@ def test_sigterm_checkpoints_then_exits(tmp_path):
     stopped = events[-1]
     assert stopped["event"] == "stopped" and stopped["reason"] == "signal"
     assert (run_dir / "checkpoints" / f"step-{stopped['step']:06d}" / "COMPLETE").exists()
+    requeue = run_dir / train.REQUEUE_FILE
+    if sig == signal.SIGUSR1:
+        assert json.loads(requeue.read_text()) == {"step": stopped["step"], "signal": "SIGUSR1"}
+    else:
+        assert not requeue.exists()

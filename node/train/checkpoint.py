@@ -7,6 +7,12 @@ barrier rank 0 writes the ``COMPLETE`` marker (JSON: step, world size, every fil
 its size) *last*, fsyncs, and renames the directory to ``step-NNNNNN``. A crash at any
 point leaves either a ``.partial`` directory (never looked at) or a complete one.
 
+Interval checkpoints are saved with ``dcp.async_save`` (``checkpoint_save_async``): the
+state is staged to CPU memory, training goes on while a background thread writes it,
+and the marker and rename follow once rank 0's save has finished (``checkpoint_finish``,
+called by the loop after a later step, or before the next or final save). The save at a
+stop signal and at the last step stays synchronous.
+
 On start, ``checkpoint_find`` walks ``step-*`` directories newest first and takes the
 first whose marker parses, names its own step, lists files that exist with their
 recorded sizes, and whose DCP metadata reads back; every other one is skipped with a
@@ -25,6 +31,7 @@ import re
 import shutil
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +103,47 @@ def rng_restore(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _partial_dir(d, root: Path, step: int) -> Path:
+    tmp = root / f".{step_dir_name(step)}.partial"
+    if d.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that died earlier
+        tmp.mkdir()
+    d.barrier()
+    return tmp
+
+
+def _rank_files(d, tmp: Path, step: int, trainer_state: dict, copy_files: dict) -> None:
+    """This rank's RNG state; from rank 0 the trainer state, model.json, tokenizer.json."""
+    buf = _torch_bytes({"step": step, "world_size": d.world, "rng": rng_state()})
+    _write_durable(tmp / f"rank-{d.rank:05d}.pt", buf)
+    if d.is_main:
+        state = {**trainer_state, "step": step, "world_size": d.world, "time": time.time()}
+        _write_durable(tmp / "trainer_state.json", json.dumps(state, indent=1).encode())
+        for name, src in copy_files.items():
+            shutil.copyfile(src, tmp / name)
+
+
+def _complete(tmp: Path, root: Path, step: int, world: int, keep: int | None) -> Path:
+    """Rank 0, once every rank's files are written: the marker last, then the rename."""
+    final = root / step_dir_name(step)
+    # .metadata, __<rank>_0.distcp, rank-*.pt, the json files, tokenizer.json
+    files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
+    marker = {"format": FORMAT, "step": step, "world_size": world, "time": time.time()}
+    marker["files"] = files
+    _write_durable(tmp / MARKER, json.dumps(marker, indent=1).encode())
+    _fsync_dir(tmp)
+    if final.exists():  # an older save of the same step (e.g. re-run after a crash)
+        trash = root / f".{final.name}.old{os.getpid()}"
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    if keep:
+        _prune(root, keep, step)
+    return final
+
+
 def checkpoint_save(
     *,
     d,
@@ -108,45 +156,74 @@ def checkpoint_save(
     keep: int | None = None,
 ) -> Path:
     """Save step ``step`` under ``root`` atomically; every rank calls this."""
-    final = root / step_dir_name(step)
-    tmp = root / f".{step_dir_name(step)}.partial"
-    if d.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that died earlier
-        tmp.mkdir()
-    d.barrier()
+    tmp = _partial_dir(d, root, step)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     with _quiet():
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    buf = _torch_bytes({"step": step, "world_size": d.world, "rng": rng_state()})
-    _write_durable(tmp / f"rank-{d.rank:05d}.pt", buf)
-    if d.is_main:
-        state = {**trainer_state, "step": step, "world_size": d.world, "time": time.time()}
-        _write_durable(tmp / "trainer_state.json", json.dumps(state, indent=1).encode())
-        for name, src in copy_files.items():
-            shutil.copyfile(src, tmp / name)
+    _rank_files(d, tmp, step, trainer_state, copy_files)
     d.barrier()  # every rank's files are written
+    final = root / step_dir_name(step)
     if d.is_main:
-        # .metadata, __<rank>_0.distcp, rank-*.pt, the json files, tokenizer.json
-        files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
-        marker = {
-            "format": FORMAT,
-            "step": step,
-            "world_size": d.world,
-            "time": time.time(),
-            "files": files,
-        }
-        _write_durable(tmp / MARKER, json.dumps(marker, indent=1).encode())
-        _fsync_dir(tmp)
-        if final.exists():  # an older save of the same step (e.g. re-run after a crash)
-            trash = root / f".{final.name}.old{os.getpid()}"
-            os.rename(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        if keep:
-            _prune(root, keep, step)
+        _complete(tmp, root, step, d.world, keep)
     d.barrier()
+    return final
+
+
+@dataclass
+class PendingSave:
+    """An interval checkpoint being written in the background (``checkpoint_save_async``)."""
+
+    step: int
+    tmp: Path
+    root: Path
+    keep: int | None
+    future: object
+    started: float
+    blocked: float  # seconds the training loop waited for it to start
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
+def checkpoint_save_async(
+    *,
+    d,
+    root: Path,
+    step: int,
+    model,
+    optimizer,
+    trainer_state: dict,
+    copy_files: dict[str, Path],
+    keep: int | None = None,
+) -> PendingSave:
+    """Start saving step ``step``; training goes on while DCP writes a copy of the state
+    (staged in CPU memory) from a background thread. Every rank calls this; finish with
+    ``checkpoint_finish``. The small per-rank files are written first, so once rank 0's
+    save is done (DCP's last phase gathers every rank's write results to rank 0) every
+    file of the checkpoint is on disk."""
+    t0 = time.time()
+    if not d.enabled:  # the write runs in a thread, outside _quiet's reach
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+    tmp = _partial_dir(d, root, step)
+    _rank_files(d, tmp, step, trainer_state, copy_files)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    with _quiet():
+        future = dcp.async_save(
+            {"model": model_sd, "optim": optim_sd},
+            checkpoint_id=str(tmp),
+            process_group=d.checkpoint_group,
+            no_dist=not d.enabled,  # one process: no collectives (and no warning per save)
+        )
+    return PendingSave(step, tmp, root, keep, future, t0, time.time() - t0)
+
+
+def checkpoint_finish(d, pending: PendingSave) -> Path:
+    """Wait for this rank's part of ``pending``; rank 0 then marks it complete. Needs no
+    collective: rank 0's save finishes only after every rank's has."""
+    pending.future.result()  # raises what the background write raised
+    final = pending.root / step_dir_name(pending.step)
+    if d.is_main:
+        _complete(pending.tmp, pending.root, pending.step, d.world, pending.keep)
     return final
 
 

@@ -16,6 +16,10 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    # A gloo group of all ranks for async checkpoint saves: their collectives run in a
+    # background thread, and must not interleave with the training loop's on the default
+    # group (which, on GPUs, is NCCL and has no CPU backend async_save needs).
+    checkpoint_group: object = None
 
     @property
     def enabled(self) -> bool:
@@ -84,12 +88,17 @@ def dist_init() -> Dist:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
-        if cuda:
-            dist.init_process_group("nccl", device_id=device)
-        else:
-            dist.init_process_group("gloo")
-    return Dist(rank=rank, world=world, local_rank=local_rank, device=device)
+    group = None
+    if world > 1:
+        if not dist.is_initialized():
+            if cuda:
+                dist.init_process_group("nccl", device_id=device)
+            else:
+                dist.init_process_group("gloo")
+        group = dist.new_group(backend="gloo")
+    return Dist(
+        rank=rank, world=world, local_rank=local_rank, device=device, checkpoint_group=group
+    )
 
 
 def dist_close(d: Dist) -> None:

@@ -12,6 +12,7 @@ or SIGUSR1 (a checkpoint is saved first; Slurm requeues or cancels the job), 1 a
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -21,7 +22,12 @@ import time
 
 import torch
 
-from .checkpoint import checkpoint_save
+from .checkpoint import (
+    PendingSave,
+    checkpoint_finish,
+    checkpoint_save,
+    checkpoint_save_async,
+)
 from .config import ConfigError, RunConfig, load_config
 from .corpus import CorpusError
 from .distributed import Dist, dist_close, dist_init
@@ -34,6 +40,7 @@ from .tokenizer import TOKENIZER_FILE
 
 log = logging.getLogger("mtc.runtime")
 EXIT_SIGNAL = 143
+REQUEUE_FILE = "requeue.json"  # run_dir: the batch script requeues the job (SIGUSR1)
 _STOP = {"signum": 0}
 
 
@@ -98,6 +105,8 @@ def _step_of(path: str) -> int:
 
 def run(cfg: RunConfig, d: Dist) -> int:
     p = run_prepare(cfg, d)
+    if d.is_main:  # a request the batch script did not act on is not for this run
+        (cfg.path / REQUEUE_FILE).unlink(missing_ok=True)
     fpt = flops_per_token(p.preset, cfg.seq_len)
     peak = peak_flops(d.device) * d.world
     n_params = param_count(p.preset)
@@ -134,8 +143,7 @@ def run(cfg: RunConfig, d: Dist) -> int:
     elif p.init is not None:
         say(d, f"initialised from {p.init}")
     try:
-        with _StopSignals():
-            return _loop(cfg, d, p, metrics, fpt, peak)
+        return _loop(cfg, d, p, metrics, fpt, peak)
     finally:
         metrics.close()
 
@@ -153,6 +161,16 @@ def _loop(cfg: RunConfig, d: Dist, p: Prepared, metrics, fpt: float, peak: float
     }
     if p.start_step >= cfg.steps:
         say(d, f"nothing to do: the checkpoint is at step {p.start_step} of {cfg.steps}")
+    save = {
+        "d": d,
+        "root": cfg.checkpoint_dir,
+        "model": p.model,
+        "optimizer": p.optimizer,
+        "trainer_state": trainer_state,
+        "copy_files": copy_files,
+        "keep": cfg.keep_checkpoints,
+    }
+    pending: PendingSave | None = None
     for step in range(p.start_step + 1, cfg.steps + 1):
         m, signalled = _train_step(cfg, d, p, step)
         m["tokens_per_s"] = m.pop("tokens") / m["step_time_s"]
@@ -160,31 +178,58 @@ def _loop(cfg: RunConfig, d: Dist, p: Prepared, metrics, fpt: float, peak: float
         metrics.step(step, m)
         if d.is_main and (step % cfg.log_interval == 0 or step in (1, cfg.steps)):
             print(progress_line(step, cfg.steps, m), flush=True)
+        if pending is not None and pending.done():
+            pending = _finish(d, pending, metrics)
         stop = signalled or step == stop_at
         interval = cfg.checkpoint_interval
-        if (interval and step % interval == 0) or step == cfg.steps or stop:
+        if stop or step == cfg.steps:
+            # The job ends after this one: wait for one in flight, then save in the open.
+            pending = _finish(d, pending, metrics)
             t0 = time.time()
-            path = checkpoint_save(
-                d=d,
-                root=cfg.checkpoint_dir,
-                step=step,
-                model=p.model,
-                optimizer=p.optimizer,
-                trainer_state=trainer_state,
-                copy_files=copy_files,
-                keep=cfg.keep_checkpoints,
-            )
+            path = checkpoint_save(step=step, **save)
             seconds = time.time() - t0
             metrics.event("checkpoint", step, path=str(path), seconds=round(seconds, 3))
             say(d, f"checkpoint {path.name} saved ({seconds:.2f}s)")
+        elif interval and step % interval == 0:
+            pending = _finish(d, pending, metrics)
+            pending = checkpoint_save_async(step=step, **save)
         if stop:
             reason = "signal" if signalled else "MTC_STOP_AT_STEP"
             metrics.event("stopped", step, reason=reason)
             say(d, f"stopped after step {step} ({reason})")
+            if _STOP["signum"] == signal.SIGUSR1 and step < cfg.steps:
+                _ask_requeue(cfg, d, step)
             return EXIT_SIGNAL if signalled else 0
+    pending = _finish(d, pending, metrics)
     metrics.event("done", cfg.steps)
     say(d, f"done: {cfg.steps} steps")
     return 0
+
+
+def _finish(d: Dist, pending: PendingSave | None, metrics) -> None:
+    """Complete an async interval checkpoint (waiting for it, when it is still writing)."""
+    if pending is None:
+        return None
+    path = checkpoint_finish(d, pending)
+    seconds = time.time() - pending.started
+    metrics.event(
+        "checkpoint",
+        pending.step,
+        path=str(path),
+        seconds=round(seconds, 3),
+        blocking_seconds=round(pending.blocked, 3),
+        mode="async",
+    )
+    say(d, f"checkpoint {path.name} saved ({seconds:.2f}s, {pending.blocked:.2f}s blocking)")
+    return None
+
+
+def _ask_requeue(cfg: RunConfig, d: Dist, step: int) -> None:
+    """SIGUSR1 (Slurm's ``--signal``, ahead of a time limit or a preemption) stops the
+    job without Slurm requeueing it: the batch script requeues it when this file is there
+    (SIGTERM comes with Slurm's own requeue or cancel, and needs none)."""
+    if d.is_main:
+        (cfg.path / REQUEUE_FILE).write_text(json.dumps({"step": step, "signal": "SIGUSR1"}))
 
 
 def _train_step(cfg: RunConfig, d: Dist, p: Prepared, step: int) -> tuple[dict, bool]:
@@ -205,9 +250,10 @@ def _train_step(cfg: RunConfig, d: Dist, p: Prepared, step: int) -> tuple[dict, 
     (weight,) = d.all_reduce([sum(mb["weight"] for mb in mbs)])
     scale = d.world / max(weight, 1.0)  # FSDP averages gradients over ranks
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
-    for i, mb in enumerate(mbs):
-        if d.enabled and len(mbs) > 1:  # reduce-scatter once, after the last micro-batch
-            p.model.set_requires_gradient_sync(i == len(mbs) - 1)
+    # FSDP2 reduce-scatters after every micro-batch's backward and sums into the sharded
+    # gradients: no micro-batch keeps a full-size fp32 gradient alive (what skipping the
+    # sync until the last one would do, a whole model's worth per rank).
+    for mb in mbs:
         with autocast(d, p.precision):
             loss = p.task.loss(p.model, mb)
         (loss * scale).backward()
@@ -259,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}); "
                 "it would train on CPU. Check the node's driver and that the job got GPUs."
             )
-        return run(cfg, d)
+        # From before the setup (tokenizer, data, model), which can take minutes: a
+        # signal then stops the run after its first step, instead of killing the rank.
+        with _StopSignals():
+            return run(cfg, d)
     except (ConfigError, RunError, CorpusError, FileNotFoundError) as exc:
         log.error("%s", exc)
         return 2

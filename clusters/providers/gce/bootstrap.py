@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from slurm.config import cluster_name, gres_type
+from slurm.config import KILL_WAIT_S, cluster_name, gres_type
 
 from . import access
 from .names import controller_name
@@ -177,6 +177,7 @@ def slurm_conf(spec: dict, *, munge_socket: str = "", max_nodes: int = 1000) -> 
         "Epilog": "/etc/slurm/mtc-epilog.sh",
         "ReturnToService": "2",
         "JobRequeue": "1",
+        "KillWait": str(KILL_WAIT_S),  # time for a checkpoint after SIGTERM (slurm.config)
         "SchedulerType": "sched/backfill",
     }
     if munge_socket:
