@@ -15,13 +15,15 @@ from typing import Any
 
 from identity.sources.base import AccountData
 
-from . import access, names
-from .bootstrap import CGROUP_CONF, GRES_CONF, hook_script, slurm_conf, startup_script
+from . import access, dashboard, names, networks
+from .bootstrap import CGROUP_CONF, gres_conf, hook_script, slurm_conf, startup_script
 
 REDACTED_KEY = "<munge key: generated at create, not shown>"
 DEFAULT_SUBNET_RANGE = "10.128.0.0/20"
 # What network_requests makes; made only when missing, and deleted only if mtc made it.
-NETWORK_RESOURCES = {"networks", "subnetworks", "globalAddresses"}
+NETWORK_RESOURCES = {"networks", "subnetworks", "globalAddresses", "addresses"}
+SLURMCTLD_PORT = 6817
+CONTROLLER_IP_PLACEHOLDER = "<reserved at create>"
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,10 @@ class Target:
     image: str
     subnet_range: str = DEFAULT_SUBNET_RANGE
     service_account: str = ""  # the nodes' own; may hold {project}
+    # mtc's own network: a cluster is on it unless its spec names another (then peered).
+    network: str = "default"
+    subnetwork: str = ""  # mtc's subnetwork in the region ("" = named like the network)
+    control_address: str = ""  # mtc's host as the cluster sees it (firewall source)
 
     @property
     def region(self) -> str:
@@ -57,6 +63,8 @@ class ApiRequest:
 
     def path(self, target: Target) -> str:
         base = f"projects/{target.project}"
+        if self.scope == "monitoring":  # Cloud Monitoring's REST API (v1 dashboards)
+            return f"{base}/{self.resource}" + (f"/{self.name}" if self.verb == "delete" else "")
         if self.scope == "global":
             base += "/global"
         elif self.scope == "region":
@@ -77,13 +85,18 @@ class ApiRequest:
         return path
 
     @property
+    def api(self) -> str:
+        return "v1" if self.scope == "monitoring" else "compute/v1"
+
+    @property
     def http_method(self) -> str:
         return "DELETE" if self.verb == "delete" else "POST"
 
     def describe(self, target: Target) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "method": f"compute.{self.resource}.{self.verb}",
-            "http": f"{self.http_method} /compute/v1/{self.path(target)}",
+            "method": f"{'monitoring' if self.scope == 'monitoring' else 'compute'}"
+            f".{self.resource}.{self.verb}",
+            "http": f"{self.http_method} /{self.api}/{self.path(target)}",
             "name": self.name,
         }
         if self.when:
@@ -94,11 +107,23 @@ class ApiRequest:
 
 
 # --- network --------------------------------------------------------------------
-def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
-    """The VPC, its subnet, the private-services range: created only when missing."""
+def primary_network(spec: dict, target: Target) -> tuple[str, str]:
+    """nic0's network and subnetwork: mtc's own unless the spec names another."""
     net = spec.get("network") or {}
-    network = net.get("network") or "default"
-    subnet = net.get("subnetwork") or network
+    network = net.get("network") or target.network
+    if network == target.network:
+        subnet = net.get("subnetwork") or target.subnetwork or network
+    else:
+        subnet = net.get("subnetwork") or network
+    return network, subnet
+
+
+def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
+    """The VPCs, subnets, peering, the controller's address and the private-services
+    range: created only when missing."""
+    net = spec.get("network") or {}
+    network, subnet = primary_network(spec, target)
+    cid = spec["cluster_id"]
     requests = [
         ApiRequest(
             "networks",
@@ -110,7 +135,7 @@ def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
                 "autoCreateSubnetworks": False,
                 "mtu": net.get("mtu", 1460),
                 "routingConfig": {"routingMode": "REGIONAL"},
-                "description": f"mtc cluster {spec['cluster_id']}",
+                "description": f"mtc cluster {cid}",
             },
             when="if missing",
         ),
@@ -124,14 +149,73 @@ def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
                 "network": names.network_url(target.project, network),
                 "ipCidrRange": target.subnet_range,
                 "privateIpGoogleAccess": True,
-                "description": f"mtc cluster {spec['cluster_id']}",
+                "description": f"mtc cluster {cid}",
             },
             when="if missing",
         ),
     ]
+    if network != target.network:
+        # A network of the spec's own: peered with mtc's both ways, so mtc reaches
+        # slurmctld (a peering is active only once both sides have one).
+        for here, there in ((network, target.network), (target.network, network)):
+            requests.append(
+                ApiRequest(
+                    "networks",
+                    "addPeering",
+                    "global",
+                    here,
+                    {
+                        "networkPeering": {
+                            "name": names.peering_name(here, there),
+                            "network": names.network_url(target.project, there),
+                            "exchangeSubnetRoutes": True,
+                        }
+                    },
+                    when="if missing",
+                )
+            )
+    for data in networks.cluster_data_networks(spec, compute_pools(spec)):
+        requests.append(
+            ApiRequest(
+                "networks",
+                "insert",
+                "global",
+                data.network,
+                networks.network_body(data, target.project, target.zone, cid),
+                when="if missing",
+            )
+        )
+        for name, cidr in data.subnets:
+            requests.append(
+                ApiRequest(
+                    "subnetworks",
+                    "insert",
+                    "region",
+                    name,
+                    networks.subnet_body(data, name, cidr, target.project, target.region),
+                    when="if missing",
+                )
+            )
+    address = names.controller_address_name(cid)
+    requests.append(
+        ApiRequest(
+            "addresses",
+            "insert",
+            "region",
+            address,
+            {
+                "name": address,
+                "addressType": "INTERNAL",
+                "purpose": "GCE_ENDPOINT",
+                "subnetwork": names.subnetwork_url(target.project, target.region, subnet),
+                "description": f"mtc cluster {cid}: slurmctld (SlurmctldHost)",
+            },
+            when="if missing",
+        )
+    )
     psa = net.get("private_service_access")
     if psa:
-        name = names.psa_range_name(spec["cluster_id"])
+        name = names.psa_range_name(cid)
         requests.append(
             ApiRequest(
                 "globalAddresses",
@@ -152,14 +236,21 @@ def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
     return requests
 
 
+def slurm_ports(spec: dict) -> list[str]:
+    """What mtc's host reaches on the controller: slurmctld, and slurmrestd if used."""
+    slurm = spec["orchestrator_spec"]["slurm_spec"]
+    ports = [str(SLURMCTLD_PORT)]
+    if slurm.get("rest_port"):
+        ports.append(str(slurm["rest_port"]))
+    return ports
+
+
 def firewall_requests(spec: dict, target: Target) -> list[ApiRequest]:
     cluster_id = spec["cluster_id"]
-    network = names.network_url(
-        target.project, (spec.get("network") or {}).get("network") or "default"
-    )
+    network = names.network_url(target.project, primary_network(spec, target)[0])
     internal, iap = names.firewall_names(cluster_id)
     tag = names.cluster_tag(cluster_id)
-    return [
+    requests = [
         ApiRequest(
             "firewalls",
             "insert",
@@ -196,6 +287,57 @@ def firewall_requests(spec: dict, target: Target) -> list[ApiRequest]:
             when="if missing",
         ),
     ]
+    access_rule = names.access_firewall_name(cluster_id)
+    requests.append(
+        ApiRequest(
+            "firewalls",
+            "insert",
+            "global",
+            access_rule,
+            {
+                "name": access_rule,
+                "network": network,
+                "direction": "INGRESS",
+                "priority": 1000,
+                "sourceRanges": [_cidr(target.control_address or "MTC_ADDRESS")],
+                "targetTags": [names.login_tag(cluster_id)],
+                "allowed": [{"IPProtocol": "tcp", "ports": slurm_ports(spec)}],
+                "description": "mtc: its own host to slurmctld (scontrol, sbatch, sinfo)",
+            },
+            when="if missing",
+        )
+    )
+    for data in networks.cluster_data_networks(spec, compute_pools(spec)):
+        if data.roce:
+            continue  # a RoCE VPC carries only RDMA traffic and takes no firewall rules
+        name = names.data_firewall_name(data.network)
+        requests.append(
+            ApiRequest(
+                "firewalls",
+                "insert",
+                "global",
+                name,
+                {
+                    "name": name,
+                    "network": names.network_url(target.project, data.network),
+                    "direction": "INGRESS",
+                    "priority": 1000,
+                    "sourceRanges": [networks.DATA_RANGE],
+                    "allowed": [
+                        {"IPProtocol": "tcp"},
+                        {"IPProtocol": "udp"},
+                        {"IPProtocol": "icmp"},
+                    ],
+                    "description": "mtc: GPU data traffic between the cluster's nodes",
+                },
+                when="if missing",
+            )
+        )
+    return requests
+
+
+def _cidr(address: str) -> str:
+    return address if "/" in address else f"{address}/32"
 
 
 # --- pools ------------------------------------------------------------------------
@@ -283,14 +425,13 @@ def template_request(
     role: str,
     munge_key: str,
     accounts: Sequence[AccountData] = (),
+    controller_ip: str = "",
 ) -> ApiRequest:
     """One instance template per pool (the login pool's makes the controller)."""
     cluster_id = spec["cluster_id"]
     machine = pool["machine_spec"]
     gpus = machine.get("accelerator_count") or 0
     disk = pool.get("boot_disk") or {}
-    net = spec.get("network") or {}
-    network = net.get("network") or "default"
     tags = [names.cluster_tag(cluster_id)]
     if role == "controller":
         tags.append(names.login_tag(cluster_id))
@@ -306,8 +447,11 @@ def template_request(
     ]
     if role == "controller":
         metadata += [
-            {"key": "mtc-slurm-conf", "value": slurm_conf(spec)},
-            {"key": "mtc-gres-conf", "value": GRES_CONF},
+            {
+                "key": "mtc-slurm-conf",
+                "value": slurm_conf(spec, controller_ip=controller_ip or CONTROLLER_IP_PLACEHOLDER),
+            },
+            {"key": "mtc-gres-conf", "value": gres_conf(spec)},
             {"key": "mtc-cgroup-conf", "value": CGROUP_CONF},
         ]
     else:
@@ -330,15 +474,7 @@ def template_request(
                 },
             }
         ],
-        "networkInterfaces": [
-            {
-                "network": names.network_url(target.project, network),
-                "subnetwork": names.subnetwork_url(
-                    target.project, target.region, net.get("subnetwork") or network
-                ),
-                "nicType": "GVNIC",
-            }
-        ],
+        "networkInterfaces": network_interfaces(spec, pool, target, role=role),
         "scheduling": _scheduling(pool, bool(gpus)),
         "labels": names.cluster_labels(spec, pool["id"]),
         "tags": {"items": tags},
@@ -376,16 +512,37 @@ def template_request(
     )
 
 
-def controller_request(spec: dict, target: Target) -> ApiRequest:
+def network_interfaces(spec: dict, pool: dict, target: Target, *, role: str) -> list[dict]:
+    """nic0 on the primary network, then the machine type's data NICs (workers only)."""
+    network, subnet = primary_network(spec, target)
+    nics = [
+        {
+            "network": names.network_url(target.project, network),
+            "subnetwork": names.subnetwork_url(target.project, target.region, subnet),
+            "nicType": "GVNIC",
+        }
+    ]
+    if role != "controller":
+        machine_type = pool["machine_spec"]["machine_type"]
+        nics += networks.nics(spec, machine_type, target.project, target.region)
+    return nics
+
+
+def controller_request(spec: dict, target: Target, controller_ip: str = "") -> ApiRequest:
+    """The controller from its template, nic0 on the address reserved for it: the
+    address slurm.conf names (SlurmctldHost=<name>(<ip>)), so mtc needs no DNS."""
     cluster_id = spec["cluster_id"]
-    template = names.template_name(cluster_id, _login_pool(spec)["id"])
+    login = _login_pool(spec)
+    template = names.template_name(cluster_id, login["id"])
     name = names.controller_name(cluster_id)
+    nics = network_interfaces(spec, login, target, role="controller")
+    nics[0]["networkIP"] = controller_ip or CONTROLLER_IP_PLACEHOLDER
     return ApiRequest(
         "instances",
         "insert",
         "zone",
         name,
-        {"name": name},
+        {"name": name, "networkInterfaces": nics},
         query={"sourceInstanceTemplate": names.template_url(target.project, template)},
         when="if missing",
     )
@@ -424,25 +581,47 @@ def cluster_plan(
     *,
     munge_key: bytes | None = None,
     accounts: Sequence[AccountData] = (),
+    controller_ip: str = "",
 ) -> list[ApiRequest]:
     """Every request ``create`` sends, in order; ``accounts`` are the POSIX accounts
-    every node gets (access.node_accounts() at create)."""
+    every node gets (access.node_accounts() at create); ``controller_ip`` is the address
+    the network step reserved (a placeholder in a plan shown before create)."""
     key = munge_key_value(munge_key)
     requests = network_requests(spec, target) + firewall_requests(spec, target)
     requests += placement_requests(spec, target)
     requests.append(
         template_request(
-            spec, _login_pool(spec), target, role="controller", munge_key=key, accounts=accounts
+            spec,
+            _login_pool(spec),
+            target,
+            role="controller",
+            munge_key=key,
+            accounts=accounts,
+            controller_ip=controller_ip,
         )
     )
     for pool in compute_pools(spec):
         requests.append(
             template_request(spec, pool, target, role="worker", munge_key=key, accounts=accounts)
         )
-    requests.append(controller_request(spec, target))
+    requests.append(controller_request(spec, target, controller_ip))
     for pool in compute_pools(spec):
         requests.append(bulk_insert_request(spec, pool, target, node_names(spec, pool)))
+    requests.append(dashboard_request(spec, target))
     return requests
+
+
+def dashboard_request(spec: dict, target: Target) -> ApiRequest:
+    """The cluster's Cloud Monitoring dashboard (REST v1, monitoring.googleapis.com)."""
+    body = dashboard.dashboard_body(spec, target.project)
+    return ApiRequest(
+        "dashboards",
+        "insert",
+        "monitoring",
+        names.dashboard_id(spec["cluster_id"]),
+        body,
+        when="if missing",
+    )
 
 
 def split_files(body: dict) -> tuple[dict, dict[str, str]]:
