@@ -1,4 +1,6 @@
-"""The extra networks a GPU machine type needs, and the NICs its VMs carry (pure).
+"""A cluster's network requests (VPCs, subnets, peering, the controller's address,
+firewall rules), the extra networks a GPU machine type needs, and the NICs its VMs
+carry (pure).
 
 nic0 of every node is on the cluster's primary network (mtc's own by default, so mtc
 reaches slurmctld); GPU machine types add the data networks Google documents for them:
@@ -18,6 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import names
+from .api import ApiRequest, Target, compute_pools
+
+# What network_requests makes; made only when missing, and deleted only if mtc made it.
+NETWORK_RESOURCES = {"networks", "subnetworks", "globalAddresses", "addresses"}
+SLURMCTLD_PORT = 6817
 
 # Sources (layouts, subnet ranges, MTUs):
 #   https://cloud.google.com/ai-hypercomputer/docs/create/create-vm  (A3 Ultra, A4: RDMA)
@@ -113,4 +120,254 @@ def nics(spec: dict, machine_type: str, project: str, region: str) -> list[dict[
                     "nicType": net.nic_type,
                 }
             )
+    return out
+
+
+# --- requests -------------------------------------------------------------------
+def primary_network(spec: dict, target: Target) -> tuple[str, str]:
+    """nic0's network and subnetwork: mtc's own unless the spec names another."""
+    net = spec.get("network") or {}
+    network = net.get("network") or target.network
+    if network == target.network:
+        subnet = net.get("subnetwork") or target.subnetwork or network
+    else:
+        subnet = net.get("subnetwork") or network
+    return network, subnet
+
+
+def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
+    """The VPCs, subnets, peering, the controller's address and the private-services
+    range: created only when missing."""
+    net = spec.get("network") or {}
+    network, subnet = primary_network(spec, target)
+    cid = spec["cluster_id"]
+    requests = [
+        ApiRequest(
+            "networks",
+            "insert",
+            "global",
+            network,
+            {
+                "name": network,
+                "autoCreateSubnetworks": False,
+                "mtu": net.get("mtu", 1460),
+                "routingConfig": {"routingMode": "REGIONAL"},
+                "description": f"mtc cluster {cid}",
+            },
+            when="if missing",
+        ),
+        ApiRequest(
+            "subnetworks",
+            "insert",
+            "region",
+            subnet,
+            {
+                "name": subnet,
+                "network": names.network_url(target.project, network),
+                "ipCidrRange": target.subnet_range,
+                "privateIpGoogleAccess": True,
+                "description": f"mtc cluster {cid}",
+            },
+            when="if missing",
+        ),
+    ]
+    if network != target.network:
+        # A network of the spec's own: peered with mtc's both ways, so mtc reaches
+        # slurmctld (a peering is active only once both sides have one).
+        for here, there in ((network, target.network), (target.network, network)):
+            requests.append(
+                ApiRequest(
+                    "networks",
+                    "addPeering",
+                    "global",
+                    here,
+                    {
+                        "networkPeering": {
+                            "name": names.peering_name(here, there),
+                            "network": names.network_url(target.project, there),
+                            "exchangeSubnetRoutes": True,
+                        }
+                    },
+                    when="if missing",
+                )
+            )
+    for data in cluster_data_networks(spec, compute_pools(spec)):
+        requests.append(
+            ApiRequest(
+                "networks",
+                "insert",
+                "global",
+                data.network,
+                network_body(data, target.project, target.zone, cid),
+                when="if missing",
+            )
+        )
+        for name, cidr in data.subnets:
+            requests.append(
+                ApiRequest(
+                    "subnetworks",
+                    "insert",
+                    "region",
+                    name,
+                    subnet_body(data, name, cidr, target.project, target.region),
+                    when="if missing",
+                )
+            )
+    address = names.controller_address_name(cid)
+    requests.append(
+        ApiRequest(
+            "addresses",
+            "insert",
+            "region",
+            address,
+            {
+                "name": address,
+                "addressType": "INTERNAL",
+                "purpose": "GCE_ENDPOINT",
+                "subnetwork": names.subnetwork_url(target.project, target.region, subnet),
+                "description": f"mtc cluster {cid}: slurmctld (SlurmctldHost)",
+            },
+            when="if missing",
+        )
+    )
+    psa = net.get("private_service_access")
+    if psa:
+        name = names.psa_range_name(cid)
+        requests.append(
+            ApiRequest(
+                "globalAddresses",
+                "insert",
+                "global",
+                name,
+                {
+                    "name": name,
+                    "purpose": "VPC_PEERING",
+                    "addressType": "INTERNAL",
+                    "prefixLength": psa.get("range_prefix_length", 20),
+                    "network": names.network_url(target.project, network),
+                    "description": "Private services access (Filestore, Managed Lustre)",
+                },
+                when="if missing",
+            )
+        )
+    return requests
+
+
+def slurm_ports(spec: dict) -> list[str]:
+    """What mtc's host reaches on the controller: slurmctld, and slurmrestd if used."""
+    slurm = spec["orchestrator_spec"]["slurm_spec"]
+    ports = [str(SLURMCTLD_PORT)]
+    if slurm.get("rest_port"):
+        ports.append(str(slurm["rest_port"]))
+    return ports
+
+
+def firewall_requests(spec: dict, target: Target) -> list[ApiRequest]:
+    cluster_id = spec["cluster_id"]
+    network = names.network_url(target.project, primary_network(spec, target)[0])
+    internal, iap = names.firewall_names(cluster_id)
+    tag = names.cluster_tag(cluster_id)
+    requests = [
+        ApiRequest(
+            "firewalls",
+            "insert",
+            "global",
+            internal,
+            {
+                "name": internal,
+                "network": network,
+                "direction": "INGRESS",
+                "priority": 1000,
+                "sourceTags": [tag],
+                "sourceRanges": [target.subnet_range],
+                "targetTags": [tag],
+                "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}],
+                "description": "mtc: all traffic between the cluster's nodes",
+            },
+            when="if missing",
+        ),
+        ApiRequest(
+            "firewalls",
+            "insert",
+            "global",
+            iap,
+            {
+                "name": iap,
+                "network": network,
+                "direction": "INGRESS",
+                "priority": 1000,
+                "sourceRanges": [names.IAP_RANGE],
+                "targetTags": [names.login_tag(cluster_id)],
+                "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+                "description": "mtc: SSH to the login node through Identity-Aware Proxy",
+            },
+            when="if missing",
+        ),
+    ]
+    access_rule = names.access_firewall_name(cluster_id)
+    requests.append(
+        ApiRequest(
+            "firewalls",
+            "insert",
+            "global",
+            access_rule,
+            {
+                "name": access_rule,
+                "network": network,
+                "direction": "INGRESS",
+                "priority": 1000,
+                "sourceRanges": [_cidr(target.control_address or "MTC_ADDRESS")],
+                "targetTags": [names.login_tag(cluster_id)],
+                "allowed": [{"IPProtocol": "tcp", "ports": slurm_ports(spec)}],
+                "description": "mtc: its own host to slurmctld (scontrol, sbatch, sinfo)",
+            },
+            when="if missing",
+        )
+    )
+    for data in cluster_data_networks(spec, compute_pools(spec)):
+        if data.roce:
+            continue  # a RoCE VPC carries only RDMA traffic and takes no firewall rules
+        name = names.data_firewall_name(data.network)
+        requests.append(
+            ApiRequest(
+                "firewalls",
+                "insert",
+                "global",
+                name,
+                {
+                    "name": name,
+                    "network": names.network_url(target.project, data.network),
+                    "direction": "INGRESS",
+                    "priority": 1000,
+                    "sourceRanges": [DATA_RANGE],
+                    "allowed": [
+                        {"IPProtocol": "tcp"},
+                        {"IPProtocol": "udp"},
+                        {"IPProtocol": "icmp"},
+                    ],
+                    "description": "mtc: GPU data traffic between the cluster's nodes",
+                },
+                when="if missing",
+            )
+        )
+    return requests
+
+
+def _cidr(address: str) -> str:
+    return address if "/" in address else f"{address}/32"
+
+
+def network_interfaces(spec: dict, pool: dict, target: Target, *, role: str) -> list[dict]:
+    """nic0 on the primary network, then the machine type's data NICs (workers only)."""
+    network, subnet = primary_network(spec, target)
+    out = [
+        {
+            "network": names.network_url(target.project, network),
+            "subnetwork": names.subnetwork_url(target.project, target.region, subnet),
+            "nicType": "GVNIC",
+        }
+    ]
+    if role != "controller":
+        machine_type = pool["machine_spec"]["machine_type"]
+        out += nics(spec, machine_type, target.project, target.region)
     return out

@@ -3,352 +3,30 @@
 `mtc cluster plan` and the wizard's review step print these; the provider sends the
 very same bodies, so what a user reviews is what Compute Engine receives. Bodies are
 the REST API's JSON (camelCase), paths are relative to ``/compute/v1/``.
-Past 400 lines on purpose: every request body of a create, in the order they are sent."""
+The network requests are built in networks.py, the request type in api.py."""
 
 from __future__ import annotations
 
 import base64
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from identity.sources.base import AccountData
 
-from . import access, dashboard, names, networks
+from . import access, dashboard, names
+from .api import DEFAULT_SUBNET_RANGE, ApiRequest, Target, compute_pools, login_pool
 from .bootstrap import CGROUP_CONF, gres_conf, hook_script, slurm_conf, startup_script
+from .networks import (
+    NETWORK_RESOURCES,
+    firewall_requests,
+    network_interfaces,
+    network_requests,
+    primary_network,
+)
 
 REDACTED_KEY = "<munge key: generated at create, not shown>"
-DEFAULT_SUBNET_RANGE = "10.128.0.0/20"
-# What network_requests makes; made only when missing, and deleted only if mtc made it.
-NETWORK_RESOURCES = {"networks", "subnetworks", "globalAddresses", "addresses"}
-SLURMCTLD_PORT = 6817
 CONTROLLER_IP_PLACEHOLDER = "<reserved at create>"
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where requests go: the project and zone, the boot image, the subnet range."""
-
-    project: str
-    zone: str
-    image: str
-    subnet_range: str = DEFAULT_SUBNET_RANGE
-    service_account: str = ""  # the nodes' own; may hold {project}
-    # mtc's own network: a cluster is on it unless its spec names another (then peered).
-    network: str = "default"
-    subnetwork: str = ""  # mtc's subnetwork in the region ("" = named like the network)
-    control_address: str = ""  # mtc's host as the cluster sees it (firewall source)
-
-    @property
-    def region(self) -> str:
-        return names.region_of(self.zone)
-
-    @property
-    def node_service_account(self) -> str:
-        return access.service_account(self.service_account, self.project)
-
-
-@dataclass
-class ApiRequest:
-    """One Compute Engine call: ``resource.verb`` on ``name`` in a scope."""
-
-    resource: str  # networks, subnetworks, firewalls, globalAddresses, resourcePolicies, ...
-    verb: str  # insert, bulkInsert, delete, reset
-    scope: str  # global, region or zone
-    name: str
-    body: dict[str, Any] | None = None
-    query: dict[str, str] = field(default_factory=dict)
-    when: str = ""  # e.g. "if missing": ensure-steps look before they create
-
-    def path(self, target: Target) -> str:
-        base = f"projects/{target.project}"
-        if self.scope == "monitoring":  # Cloud Monitoring's REST API (v1 dashboards)
-            return f"{base}/{self.resource}" + (f"/{self.name}" if self.verb == "delete" else "")
-        if self.scope == "global":
-            base += "/global"
-        elif self.scope == "region":
-            base += f"/regions/{target.region}"
-        elif self.scope == "zone":
-            base += f"/zones/{target.zone}"
-        # The API calls global addresses "addresses" under /global (method globalAddresses).
-        collection = "addresses" if self.resource == "globalAddresses" else self.resource
-        path = f"{base}/{collection}"
-        if self.verb == "bulkInsert":
-            path += "/bulkInsert"
-        elif self.verb == "delete":
-            path += f"/{self.name}"
-        elif self.verb != "insert":
-            path += f"/{self.name}/{self.verb}"
-        if self.query:
-            path += "?" + "&".join(f"{k}={v}" for k, v in self.query.items())
-        return path
-
-    @property
-    def api(self) -> str:
-        return "v1" if self.scope == "monitoring" else "compute/v1"
-
-    @property
-    def http_method(self) -> str:
-        return "DELETE" if self.verb == "delete" else "POST"
-
-    def describe(self, target: Target) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "method": f"{'monitoring' if self.scope == 'monitoring' else 'compute'}"
-            f".{self.resource}.{self.verb}",
-            "http": f"{self.http_method} /{self.api}/{self.path(target)}",
-            "name": self.name,
-        }
-        if self.when:
-            out["when"] = self.when
-        if self.body is not None:
-            out["body"] = self.body
-        return out
-
-
-# --- network --------------------------------------------------------------------
-def primary_network(spec: dict, target: Target) -> tuple[str, str]:
-    """nic0's network and subnetwork: mtc's own unless the spec names another."""
-    net = spec.get("network") or {}
-    network = net.get("network") or target.network
-    if network == target.network:
-        subnet = net.get("subnetwork") or target.subnetwork or network
-    else:
-        subnet = net.get("subnetwork") or network
-    return network, subnet
-
-
-def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
-    """The VPCs, subnets, peering, the controller's address and the private-services
-    range: created only when missing."""
-    net = spec.get("network") or {}
-    network, subnet = primary_network(spec, target)
-    cid = spec["cluster_id"]
-    requests = [
-        ApiRequest(
-            "networks",
-            "insert",
-            "global",
-            network,
-            {
-                "name": network,
-                "autoCreateSubnetworks": False,
-                "mtu": net.get("mtu", 1460),
-                "routingConfig": {"routingMode": "REGIONAL"},
-                "description": f"mtc cluster {cid}",
-            },
-            when="if missing",
-        ),
-        ApiRequest(
-            "subnetworks",
-            "insert",
-            "region",
-            subnet,
-            {
-                "name": subnet,
-                "network": names.network_url(target.project, network),
-                "ipCidrRange": target.subnet_range,
-                "privateIpGoogleAccess": True,
-                "description": f"mtc cluster {cid}",
-            },
-            when="if missing",
-        ),
-    ]
-    if network != target.network:
-        # A network of the spec's own: peered with mtc's both ways, so mtc reaches
-        # slurmctld (a peering is active only once both sides have one).
-        for here, there in ((network, target.network), (target.network, network)):
-            requests.append(
-                ApiRequest(
-                    "networks",
-                    "addPeering",
-                    "global",
-                    here,
-                    {
-                        "networkPeering": {
-                            "name": names.peering_name(here, there),
-                            "network": names.network_url(target.project, there),
-                            "exchangeSubnetRoutes": True,
-                        }
-                    },
-                    when="if missing",
-                )
-            )
-    for data in networks.cluster_data_networks(spec, compute_pools(spec)):
-        requests.append(
-            ApiRequest(
-                "networks",
-                "insert",
-                "global",
-                data.network,
-                networks.network_body(data, target.project, target.zone, cid),
-                when="if missing",
-            )
-        )
-        for name, cidr in data.subnets:
-            requests.append(
-                ApiRequest(
-                    "subnetworks",
-                    "insert",
-                    "region",
-                    name,
-                    networks.subnet_body(data, name, cidr, target.project, target.region),
-                    when="if missing",
-                )
-            )
-    address = names.controller_address_name(cid)
-    requests.append(
-        ApiRequest(
-            "addresses",
-            "insert",
-            "region",
-            address,
-            {
-                "name": address,
-                "addressType": "INTERNAL",
-                "purpose": "GCE_ENDPOINT",
-                "subnetwork": names.subnetwork_url(target.project, target.region, subnet),
-                "description": f"mtc cluster {cid}: slurmctld (SlurmctldHost)",
-            },
-            when="if missing",
-        )
-    )
-    psa = net.get("private_service_access")
-    if psa:
-        name = names.psa_range_name(cid)
-        requests.append(
-            ApiRequest(
-                "globalAddresses",
-                "insert",
-                "global",
-                name,
-                {
-                    "name": name,
-                    "purpose": "VPC_PEERING",
-                    "addressType": "INTERNAL",
-                    "prefixLength": psa.get("range_prefix_length", 20),
-                    "network": names.network_url(target.project, network),
-                    "description": "Private services access (Filestore, Managed Lustre)",
-                },
-                when="if missing",
-            )
-        )
-    return requests
-
-
-def slurm_ports(spec: dict) -> list[str]:
-    """What mtc's host reaches on the controller: slurmctld, and slurmrestd if used."""
-    slurm = spec["orchestrator_spec"]["slurm_spec"]
-    ports = [str(SLURMCTLD_PORT)]
-    if slurm.get("rest_port"):
-        ports.append(str(slurm["rest_port"]))
-    return ports
-
-
-def firewall_requests(spec: dict, target: Target) -> list[ApiRequest]:
-    cluster_id = spec["cluster_id"]
-    network = names.network_url(target.project, primary_network(spec, target)[0])
-    internal, iap = names.firewall_names(cluster_id)
-    tag = names.cluster_tag(cluster_id)
-    requests = [
-        ApiRequest(
-            "firewalls",
-            "insert",
-            "global",
-            internal,
-            {
-                "name": internal,
-                "network": network,
-                "direction": "INGRESS",
-                "priority": 1000,
-                "sourceTags": [tag],
-                "sourceRanges": [target.subnet_range],
-                "targetTags": [tag],
-                "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}],
-                "description": "mtc: all traffic between the cluster's nodes",
-            },
-            when="if missing",
-        ),
-        ApiRequest(
-            "firewalls",
-            "insert",
-            "global",
-            iap,
-            {
-                "name": iap,
-                "network": network,
-                "direction": "INGRESS",
-                "priority": 1000,
-                "sourceRanges": [names.IAP_RANGE],
-                "targetTags": [names.login_tag(cluster_id)],
-                "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
-                "description": "mtc: SSH to the login node through Identity-Aware Proxy",
-            },
-            when="if missing",
-        ),
-    ]
-    access_rule = names.access_firewall_name(cluster_id)
-    requests.append(
-        ApiRequest(
-            "firewalls",
-            "insert",
-            "global",
-            access_rule,
-            {
-                "name": access_rule,
-                "network": network,
-                "direction": "INGRESS",
-                "priority": 1000,
-                "sourceRanges": [_cidr(target.control_address or "MTC_ADDRESS")],
-                "targetTags": [names.login_tag(cluster_id)],
-                "allowed": [{"IPProtocol": "tcp", "ports": slurm_ports(spec)}],
-                "description": "mtc: its own host to slurmctld (scontrol, sbatch, sinfo)",
-            },
-            when="if missing",
-        )
-    )
-    for data in networks.cluster_data_networks(spec, compute_pools(spec)):
-        if data.roce:
-            continue  # a RoCE VPC carries only RDMA traffic and takes no firewall rules
-        name = names.data_firewall_name(data.network)
-        requests.append(
-            ApiRequest(
-                "firewalls",
-                "insert",
-                "global",
-                name,
-                {
-                    "name": name,
-                    "network": names.network_url(target.project, data.network),
-                    "direction": "INGRESS",
-                    "priority": 1000,
-                    "sourceRanges": [networks.DATA_RANGE],
-                    "allowed": [
-                        {"IPProtocol": "tcp"},
-                        {"IPProtocol": "udp"},
-                        {"IPProtocol": "icmp"},
-                    ],
-                    "description": "mtc: GPU data traffic between the cluster's nodes",
-                },
-                when="if missing",
-            )
-        )
-    return requests
-
-
-def _cidr(address: str) -> str:
-    return address if "/" in address else f"{address}/32"
-
-
-# --- pools ------------------------------------------------------------------------
-def _login_pool(spec: dict) -> dict:
-    login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
-    return next(p for p in spec["node_pools"] if p["id"] == login)
-
-
-def compute_pools(spec: dict) -> list[dict]:
-    login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
-    return [p for p in spec["node_pools"] if p["id"] != login]
 
 
 def placement_requests(spec: dict, target: Target) -> list[ApiRequest]:
@@ -512,27 +190,11 @@ def template_request(
     )
 
 
-def network_interfaces(spec: dict, pool: dict, target: Target, *, role: str) -> list[dict]:
-    """nic0 on the primary network, then the machine type's data NICs (workers only)."""
-    network, subnet = primary_network(spec, target)
-    nics = [
-        {
-            "network": names.network_url(target.project, network),
-            "subnetwork": names.subnetwork_url(target.project, target.region, subnet),
-            "nicType": "GVNIC",
-        }
-    ]
-    if role != "controller":
-        machine_type = pool["machine_spec"]["machine_type"]
-        nics += networks.nics(spec, machine_type, target.project, target.region)
-    return nics
-
-
 def controller_request(spec: dict, target: Target, controller_ip: str = "") -> ApiRequest:
     """The controller from its template, nic0 on the address reserved for it: the
     address slurm.conf names (SlurmctldHost=<name>(<ip>)), so mtc needs no DNS."""
     cluster_id = spec["cluster_id"]
-    login = _login_pool(spec)
+    login = login_pool(spec)
     template = names.template_name(cluster_id, login["id"])
     name = names.controller_name(cluster_id)
     nics = network_interfaces(spec, login, target, role="controller")
@@ -592,7 +254,7 @@ def cluster_plan(
     requests.append(
         template_request(
             spec,
-            _login_pool(spec),
+            login_pool(spec),
             target,
             role="controller",
             munge_key=key,
@@ -634,3 +296,15 @@ def split_files(body: dict) -> tuple[dict, dict[str, str]]:
             files[item["key"]] = item["value"]
             item["value"] = f"<{item['key']}: printed below>"
     return body, files
+
+
+__all__ = [
+    "DEFAULT_SUBNET_RANGE",
+    "NETWORK_RESOURCES",
+    "ApiRequest",
+    "Target",
+    "cluster_plan",
+    "firewall_requests",
+    "network_requests",
+    "primary_network",
+]
