@@ -4,8 +4,9 @@ The controller (also the login node) and the workers are instances made from one
 instance template per pool; workers come in one ``bulkInsert`` per pool and join
 Slurm as dynamic nodes. Every step looks before it creates, so a retry after a crash
 or a stockout makes nothing twice. mtc's own Slurm commands reach the controller
-over the VPC with the cluster's munge key (a local munged), so mtc runs inside the
-cluster's network (README)."""
+over the VPC with the cluster's munge key (a local munged): clusters go on mtc's VPC
+or are peered with it, and slurm.conf names the controller by its reserved address.
+Past 400 lines: create, readiness, delete and repairs of one provider read together."""
 
 from __future__ import annotations
 
