@@ -376,3 +376,20 @@ def test_the_fake_refuses_a_non_mrdma_nic_on_a_roce_network(compute, operator_ap
     assert op["state"] == "FAILED", op
     assert "RoCE network profile takes only MRDMA NICs" in op["error"]["message"]
     assert compute.names("instances") == [f"{CID}-controller"]
+
+
+def test_the_dashboard_api_creates_once_refuses_a_bad_body_and_deletes(compute):
+    from clusters.providers.base import ProviderError
+    from clusters.providers.gce.dashboard import DashboardsApi, dashboard_body
+
+    api = DashboardsApi("mtc-test")
+    body = dashboard_body(a3u_spec(), "mtc-test")
+    api.create(body)
+    api.create(body)  # 409: made by an earlier try
+    assert list(compute.dashboards) == [f"mtc-{CID}"]
+    with pytest.raises(ProviderError, match="needs displayName and tiles") as error:
+        api.create({"name": "projects/mtc-test/dashboards/other", "displayName": "x"})
+    assert error.value.code == "MONITORING_ERROR"
+    api.delete(f"mtc-{CID}")
+    api.delete(f"mtc-{CID}")  # 404: gone already
+    assert compute.dashboards == {}
