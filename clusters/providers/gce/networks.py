@@ -254,12 +254,10 @@ def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
 
 
 def slurm_ports(spec: dict) -> list[str]:
-    """What mtc's host reaches on the controller: slurmctld, and slurmrestd if used."""
-    slurm = spec["orchestrator_spec"]["slurm_spec"]
-    ports = [str(SLURMCTLD_PORT)]
-    if slurm.get("rest_port"):
-        ports.append(str(slurm["rest_port"]))
-    return ports
+    """What mtc's host reaches on the controller. On gce mtc submits with sbatch and
+    reads with scontrol/sinfo (SlurmClient without a slurmrestd socket), all through
+    slurmctld: its port is the only one. A slurmrestd would add its port here."""
+    return [str(SLURMCTLD_PORT)]
 
 
 def firewall_requests(spec: dict, target: Target) -> list[ApiRequest]:
