@@ -393,3 +393,22 @@ def test_the_dashboard_api_creates_once_refuses_a_bad_body_and_deletes(compute):
     api.delete(f"mtc-{CID}")
     api.delete(f"mtc-{CID}")  # 404: gone already
     assert compute.dashboards == {}
+
+
+@pytest.mark.slurm
+def test_readiness_is_what_a_real_slurmctld_says(local_clusters, operator_api, monkeypatch):
+    """The gce provider's readiness check (after the guest attributes) is a real
+    ``scontrol ping`` and ``sinfo`` through slurm/client.py: here against a local
+    cluster's slurmctld, standing in for the controller mtc reaches over the VPC."""
+    from tests.conftest import make_spec
+
+    spec = make_spec("gr", nodes=2)
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", spec, format="json"))
+    assert op["state"] == "SUCCEEDED", op
+    local = Cluster.objects.get(cluster_id="gr")
+    slurm = get_provider("local").slurm(local)
+    monkeypatch.setattr(GceProvider, "slurm", lambda self, cluster: slurm)
+    nodes = sorted(local.nodes.values_list("name", flat=True))
+    assert GceProvider()._slurm_ready(local) == {*nodes, "gr-controller"}
+    slurm.node_update([nodes[0]], state="DOWN", reason="readiness test")
+    assert GceProvider()._slurm_ready(local) == {nodes[1], "gr-controller"}
