@@ -58,7 +58,7 @@ def test_cli_plan_of_a3_ultra_shows_the_requests(tmp_path, capsys, settings):
     assert "generated at create, not shown" in json.dumps(plan)
 
     text = _plan_text(tmp_path, capsys)
-    assert "24 Compute Engine and Cloud Monitoring requests for cluster a3u-pretrain" in text
+    assert "22 Compute Engine and Cloud Monitoring requests for cluster a3u-pretrain" in text
     assert "--- metadata startup-script:" in text and "mount_once 10.0.0.2:/home /home" in text
     assert "SlurmctldParameters=enable_configless" in text
 
@@ -281,7 +281,7 @@ def test_a3_mega_plan_has_the_tcpxo_layout(settings):
         if t["properties"]["machineType"] == "a3-megagpu-8g"
     )
     assert [n["nicType"] for n in gpu["networkInterfaces"]] == ["GVNIC"] * 9
-    data = [r["body"] for r in requests if r["method"] == "compute.networks.insert"][1:]
+    data = [r["body"] for r in requests if r["method"] == "compute.networks.insert"]
     assert len(data) == 8 and {n["mtu"] for n in data} == {8244}
     assert not any("networkProfile" in n for n in data)
 

@@ -412,3 +412,11 @@ def test_readiness_is_what_a_real_slurmctld_says(local_clusters, operator_api, m
     assert GceProvider()._slurm_ready(local) == {*nodes, "gr-controller"}
     slurm.node_update([nodes[0]], state="DOWN", reason="readiness test")
     assert GceProvider()._slurm_ready(local) == {nodes[1], "gr-controller"}
+
+
+def test_create_needs_mtcs_own_network(compute, operator_api, settings):
+    settings.MTC_GCE_NETWORK = "mtc-vpc"  # not in the project
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(1), format="json"))
+    assert op["state"] == "FAILED" and op["error"]["code"] == "GCE_NOT_CONFIGURED", op
+    assert "MTC_GCE_NETWORK" in op["error"]["message"]
+    assert compute.calls("POST") == []  # nothing half-made

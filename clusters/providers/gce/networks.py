@@ -141,36 +141,42 @@ def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
     net = spec.get("network") or {}
     network, subnet = primary_network(spec, target)
     cid = spec["cluster_id"]
-    requests = [
-        ApiRequest(
-            "networks",
-            "insert",
-            "global",
-            network,
-            {
-                "name": network,
-                "autoCreateSubnetworks": False,
-                "mtu": net.get("mtu", 1460),
-                "routingConfig": {"routingMode": "REGIONAL"},
-                "description": f"mtc cluster {cid}",
-            },
-            when="if missing",
-        ),
-        ApiRequest(
-            "subnetworks",
-            "insert",
-            "region",
-            subnet,
-            {
-                "name": subnet,
-                "network": names.network_url(target.project, network),
-                "ipCidrRange": target.subnet_range,
-                "privateIpGoogleAccess": True,
-                "description": f"mtc cluster {cid}",
-            },
-            when="if missing",
-        ),
-    ]
+    own = network == target.network
+    requests = []
+    if not own:  # mtc's own network is never made (nor deleted) by a cluster
+        requests.append(
+            ApiRequest(
+                "networks",
+                "insert",
+                "global",
+                network,
+                {
+                    "name": network,
+                    "autoCreateSubnetworks": False,
+                    "mtu": net.get("mtu", 1460),
+                    "routingConfig": {"routingMode": "REGIONAL"},
+                    "description": f"mtc cluster {cid}",
+                },
+                when="if missing",
+            )
+        )
+    if not own or subnet != (target.subnetwork or target.network):
+        requests.append(
+            ApiRequest(
+                "subnetworks",
+                "insert",
+                "region",
+                subnet,
+                {
+                    "name": subnet,
+                    "network": names.network_url(target.project, network),
+                    "ipCidrRange": target.subnet_range,
+                    "privateIpGoogleAccess": True,
+                    "description": f"mtc cluster {cid}",
+                },
+                when="if missing",
+            )
+        )
     if network != target.network:
         # A network of the spec's own: peered with mtc's both ways, so mtc reaches
         # slurmctld (a peering is active only once both sides have one).

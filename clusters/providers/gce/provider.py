@@ -175,6 +175,14 @@ class GceProvider(Provider):
         if not cluster.provider_state.get("project"):
             self._remember(cluster, project=api.target.project)
         spec, target = cluster.spec, api.target
+        if not api.exists("networks", target.network):
+            raise ProviderError(
+                f"mtc's own network '{target.network}' is not in project {target.project}: "
+                "set MTC_GCE_NETWORK to the VPC mtc runs in (README, 'Running on Compute "
+                "Engine').",
+                code="GCE_NOT_CONFIGURED",
+                permanent=True,
+            )
         for request in plan.network_requests(spec, target):
             self._ensure_network_piece(cluster, api, request)
         controller_ip = self._controller_ip(cluster, api)
