@@ -67,12 +67,9 @@ def _gce_spec(
         "provider": "gce",
         "labels": labels,
         "zone": "us-central1-a",
-        "network": {
-            "network": f"{cluster_id}-net",
-            "subnetwork": f"{cluster_id}-subnet",
-            "mtu": 8896,
-            "private_service_access": {"range_prefix_length": 20},
-        },
+        # No network named: nic0 is on mtc's own VPC, so mtc reaches slurmctld; the GPU
+        # data networks (RDMA or TCPXO) follow from the machine type.
+        "network": {"private_service_access": {"range_prefix_length": 20}},
         "node_pools": [
             {
                 "id": "login",

@@ -169,14 +169,18 @@ def _live_context(cluster: Cluster) -> dict:
 def cluster_detail(request, cluster_id: str):
     cluster = _cluster_or_404(cluster_id)
     context = _live_context(cluster)
+    dashboard_url = ""
     try:
-        login_command = get_provider(cluster.provider).login_command(cluster)
+        provider = get_provider(cluster.provider)
+        login_command = provider.login_command(cluster)
         login_error = ""
+        dashboard_url = provider.dashboard_url(cluster)
     except ProviderError as exc:
         login_command, login_error = "", str(exc)
     context.update(
         {
             "login_command": login_command,
+            "dashboard_url": dashboard_url,
             "login_error": login_error,
             "labels": sorted(cluster.labels.items()),
             "spec_json": json.dumps(cluster.spec, indent=2),

@@ -376,6 +376,16 @@ MTC_GCE_SERVICE_ACCOUNT = os.environ.get(
 MTC_GCE_API_ENDPOINT = os.environ.get("MTC_GCE_API_ENDPOINT", "")
 # Cloud Monitoring's client speaks gRPC only: host:port here (plain text when anonymous).
 MTC_GCE_MONITORING_ENDPOINT = os.environ.get("MTC_GCE_MONITORING_ENDPOINT", "")
+# Cloud Monitoring's REST API (dashboards); the tests point it at their local endpoint.
+MTC_GCE_DASHBOARD_ENDPOINT = os.environ.get(
+    "MTC_GCE_DASHBOARD_ENDPOINT", "https://monitoring.googleapis.com"
+)
+# mtc's own VPC and subnetwork: clusters go on it unless their spec names a network
+# (then it is peered with this one). MTC_GCE_CONTROL_ADDRESS: mtc's host as the cluster
+# sees it (the firewall rule to slurmctld); empty = the address of the default route.
+MTC_GCE_NETWORK = os.environ.get("MTC_GCE_NETWORK", "default")
+MTC_GCE_SUBNETWORK = os.environ.get("MTC_GCE_SUBNETWORK", "")
+MTC_GCE_CONTROL_ADDRESS = os.environ.get("MTC_GCE_CONTROL_ADDRESS", "")
 MTC_GCE_ANONYMOUS = os.environ.get("MTC_GCE_ANONYMOUS", "0") == "1"
 MTC_GCE_POLL_S = float(os.environ.get("MTC_GCE_POLL_S", "1.0"))
 MTC_GCE_RETRIES = int(os.environ.get("MTC_GCE_RETRIES", "4"))

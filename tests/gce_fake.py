@@ -6,7 +6,10 @@ Operations that go PENDING -> RUNNING -> DONE as they are polled, reports guest
 attributes the way a node's startup script would, and fails on demand (a stockout
 on bulkInsert, a 503 once). It holds reservations as Compute Engine does: a VM that
 names one must fit it (machine type, room left), a reservation-bound VM must name one,
-and such a VM takes no placement policy of its own."""
+and such a VM takes no placement policy of its own. A network made with the RoCE
+network profile takes only MRDMA NICs (and an MRDMA NIC only such a network), internal
+addresses get an IP, networks take peerings, and Cloud Monitoring's dashboards
+(``/v1/projects/<p>/dashboards``) are kept too."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+DASHBOARDS = re.compile(r"^/v1/projects/(?P<project>[^/]+)/dashboards(?:/(?P<name>[^/]+))?$")
 SCOPED = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)"
     r"(?:/(?P<scope>global|regions/[^/]+|zones/[^/]+))?/(?P<rest>.*)$"
@@ -48,6 +52,7 @@ class FakeCompute:
     never_ready: set[str] = field(default_factory=set)  # instances whose script hangs
     # name -> {"machineType", "count", "inUseCount", "specificReservationRequired"}
     reservations: dict[str, dict] = field(default_factory=dict)
+    dashboards: dict[str, dict] = field(default_factory=dict)  # dashboard id -> body
     # After instances.reset: how many guest-attribute reads still see the old boot (its
     # attributes outlive the reset), then how many see the new boot still configuring.
     reset_old_reads: int = 3
@@ -114,8 +119,10 @@ class FakeCompute:
                 entry["on_done"]()
         return dict(op)
 
-    def _new_instance(self, name: str, template: dict | None) -> dict:
+    def _new_instance(self, name: str, template: dict | None, body: dict | None = None) -> dict:
         props = (template or {}).get("properties", {})
+        nics = (body or {}).get("networkInterfaces") or props.get("networkInterfaces") or [{}]
+        ip = nics[0].get("networkIP") or f"10.128.0.{len(self.resources) % 250 + 2}"
         return {
             "kind": "compute#instance",
             "id": str(next(self.ids)),
@@ -124,7 +131,7 @@ class FakeCompute:
             "labels": dict(props.get("labels", {})),
             "machineType": props.get("machineType", ""),
             "sourceInstanceTemplate": (template or {}).get("name", ""),
-            "networkInterfaces": [{"networkIP": f"10.128.0.{len(self.resources) % 250 + 2}"}],
+            "networkInterfaces": [{**nic, "networkIP": ip} for nic in nics[:1]] + nics[1:],
             "reservationAffinity": dict(props.get("reservationAffinity", {})),
         }
 
@@ -141,6 +148,9 @@ class FakeCompute:
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         with self.lock:
             self.requests.append(Recorded(method, url.path, query, body))
+            dash = DASHBOARDS.match(url.path)
+            if dash:
+                return self._dashboard(method, dash["project"], dash["name"], body)
             for i, (fail_method, part, status) in enumerate(self.fail_once):
                 if method == fail_method and part in url.path:
                     del self.fail_once[i]
@@ -184,6 +194,16 @@ class FakeCompute:
                     scope,
                     on_done=lambda: self._release(kind, name),
                 )
+            if (
+                method == "POST"
+                and kind == "networks"
+                and parts[2:]
+                in (
+                    ["addPeering"],
+                    ["removePeering"],
+                )
+            ):
+                return self._peering(parts[2], name, scope, body or {})
             if method == "POST" and len(parts) == 3 and parts[2] == "reset":
                 if (kind, name) not in self.resources:
                     return 404, _error(404, "notFound", f"{kind}/{name}")
@@ -203,15 +223,22 @@ class FakeCompute:
             return 409, _error(409, "alreadyExists", f"The resource '{kind}/{name}' already exists")
         if kind == "instances":
             template = self._template(query.get("sourceInstanceTemplate", ""))
-            refused = self._reservation_refusal((template or {}).get("properties", {}), 1)
+            props = (template or {}).get("properties", {})
+            refused = self._nic_refusal(
+                body.get("networkInterfaces") or props.get("networkInterfaces", [])
+            ) or self._reservation_refusal(props, 1)
             if refused:
                 return refused
-            resource = self._new_instance(name, template)
+            resource = self._new_instance(name, template, body)
             self.resources[(kind, name)] = resource
             return 200, self._operation(
                 kind, name, "insert", scope, on_done=lambda: resource.update(status="RUNNING")
             )
         resource = {**body, "id": str(next(self.ids)), "selfLink": f"{scope}/{kind}/{name}"}
+        if kind == "addresses" and "address" not in resource:
+            resource["address"] = f"10.128.0.{200 + len(self.names('addresses'))}"
+        if kind == "networks" and body.get("networkProfile", "").endswith("-vpc-roce"):
+            resource["mtu"] = body.get("mtu", 8896)
         return 200, self._operation(
             kind,
             name,
@@ -241,7 +268,10 @@ class FakeCompute:
         if taken:
             return 409, _error(409, "alreadyExists", f"instances exist: {', '.join(taken)}")
         template = self._template(body.get("sourceInstanceTemplate", ""))
-        refused = self._reservation_refusal((template or {}).get("properties", {}), len(wanted))
+        props = (template or {}).get("properties", {})
+        refused = self._nic_refusal(props.get("networkInterfaces", [])) or (
+            self._reservation_refusal(props, len(wanted))
+        )
         if refused:
             return refused
         made = [self._new_instance(n, template) for n in wanted]
@@ -253,6 +283,66 @@ class FakeCompute:
                 inst["status"] = "RUNNING"
 
         return 200, self._operation("instances", "bulkInsert", "bulkInsert", scope, on_done=running)
+
+    def _nic_refusal(self, nics: list[dict]) -> tuple[int, dict] | None:
+        """Compute Engine's rule for a RoCE VPC: MRDMA NICs on it and nowhere else."""
+        for i, nic in enumerate(nics):
+            network = self.resources.get(("networks", nic.get("network", "").rsplit("/", 1)[-1]))
+            roce = (network or {}).get("networkProfile", "").endswith("-vpc-roce")
+            mrdma = nic.get("nicType") == "MRDMA"
+            if roce != mrdma:
+                return 400, _error(
+                    400,
+                    "invalid",
+                    f"Invalid value for field 'resource.networkInterfaces[{i}].nicType': "
+                    f"'{nic.get('nicType', '')}'. "
+                    + (
+                        "A network with the RoCE network profile takes only MRDMA NICs."
+                        if roce
+                        else "An MRDMA NIC must be on a network with the RoCE network profile."
+                    ),
+                )
+        return None
+
+    def _peering(self, verb: str, name: str, scope: str, body: dict) -> tuple[int, dict]:
+        network = self.resources.get(("networks", name))
+        if network is None:
+            return 404, _error(404, "notFound", f"networks/{name}")
+        peerings = network.setdefault("peerings", [])
+        if verb == "addPeering":
+            peering = body.get("networkPeering", {})
+            if any(p["name"] == peering.get("name") for p in peerings):
+                return 400, _error(400, "invalid", "There is already a peering with this name")
+            peerings.append({**peering, "state": "ACTIVE"})
+        else:
+            network["peerings"] = [p for p in peerings if p["name"] != body.get("name")]
+        return 200, self._operation("networks", name, verb, scope)
+
+    def _dashboard(
+        self, method: str, project: str, name: str | None, body: dict | None
+    ) -> tuple[int, dict]:
+        """Cloud Monitoring v1 projects.dashboards: create, get, delete."""
+        if method == "POST" and name is None:
+            body = body or {}
+            dash_id = body.get("name", "").rsplit("/", 1)[-1] or f"d{next(self.ids)}"
+            if dash_id in self.dashboards:
+                return 409, _error(409, "alreadyExists", f"dashboard {dash_id} exists")
+            tiles = (body.get("mosaicLayout") or {}).get("tiles")
+            if not body.get("displayName") or not tiles:
+                return 400, _error(400, "invalid", "a dashboard needs displayName and tiles")
+            for tile in tiles:
+                for data in tile["widget"]["xyChart"]["dataSets"]:
+                    query = data["timeSeriesQuery"]["timeSeriesFilter"]["filter"]
+                    if "metric.type=" not in query:
+                        return 400, _error(400, "invalid", f"bad filter {query}")
+            self.dashboards[dash_id] = {**body, "name": f"projects/{project}/dashboards/{dash_id}"}
+            return 200, self.dashboards[dash_id]
+        if name and name in self.dashboards:
+            if method == "DELETE":
+                del self.dashboards[name]
+                return 200, {}
+            return 200, self.dashboards[name]
+        return 404, _error(404, "notFound", f"dashboard {name}")
 
     def _reservation_refusal(self, props: dict, count: int) -> tuple[int, dict] | None:
         """What Compute Engine answers a VM its reservation cannot take (None: it fits)."""

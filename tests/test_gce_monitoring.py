@@ -53,6 +53,10 @@ def test_gpu_series_per_gpu_from_the_ops_agent_metrics(monitoring):
     assert requests[energy].aggregation.per_series_aligner.name == "ALIGN_RATE"
     assert requests[temp].aggregation.per_series_aligner.name == "ALIGN_MEAN"
     assert requests[temp].name == "projects/proj"
+    # memory.bytes_used has a series per state: the chart reads "used" only.
+    memory = requests[GPU_METRICS["memory_used_mib"][0]]
+    assert memory.filter.endswith('AND metric.labels.state = "used"')
+    assert 'state = "used"' not in requests[temp].filter
 
 
 @pytest.mark.django_db
@@ -96,6 +100,9 @@ def test_export_writes_throughput_health_and_goodput(monitoring):
     healthy = {dict(k[1])["node"]: v for k, v in got.items() if k[0].endswith("node/healthy")}
     assert healthy == {"cg-gpu-0": 1.0, "cg-gpu-1": 0.0}
     assert all(s.resource.type == "global" for s in request.time_series)
+    # Job counts by state, for the cluster's dashboard.
+    jobs = {dict(k[1])["state"]: v for k, v in got.items() if k[0].endswith("cluster/jobs")}
+    assert jobs == {"PENDING": 0.0, "RUNNING": 2.0}
 
 
 @pytest.mark.django_db

@@ -33,7 +33,6 @@ def test_cli_plan_of_a3_ultra_shows_the_requests(tmp_path, capsys, settings):
     settings.MTC_GCE_PROJECT = "my-project"
     plan = json.loads(_plan_text(tmp_path, capsys, "--json"))
     requests = {r["method"]: r for r in plan["requests"]}
-    assert requests["compute.networks.insert"]["body"]["mtu"] == 8896
     # The reservation places its VMs: no placement policy of mtc's beside it.
     assert "compute.resourcePolicies.insert" not in requests
     templates = [r["body"] for r in plan["requests"] if r["method"].endswith("Templates.insert")]
@@ -59,7 +58,7 @@ def test_cli_plan_of_a3_ultra_shows_the_requests(tmp_path, capsys, settings):
     assert "generated at create, not shown" in json.dumps(plan)
 
     text = _plan_text(tmp_path, capsys)
-    assert "9 Compute Engine requests for cluster a3u-pretrain" in text
+    assert "22 Compute Engine and Cloud Monitoring requests for cluster a3u-pretrain" in text
     assert "--- metadata startup-script:" in text and "mount_once 10.0.0.2:/home /home" in text
     assert "SlurmctldParameters=enable_configless" in text
 
@@ -238,3 +237,119 @@ def test_gce_slurm_conf_gives_jobs_time_to_checkpoint_after_sigterm():
     assert "KillWait=120\n" in slurm_conf(spec)
     spec["orchestrator_spec"]["slurm_spec"]["config_overrides"] = {"KillWait": "300"}
     assert "KillWait=300\n" in slurm_conf(spec)
+
+
+def _plan(key: str, settings) -> list[dict]:
+    from clusters.providers.gce.provider import plan_describe
+
+    settings.MTC_GCE_PROJECT = "my-project"
+    settings.MTC_GCE_CONTROL_ADDRESS = "10.128.0.9"
+    return plan_describe(architecture_get(key).build_spec())["requests"]
+
+
+def _metadata(template: dict) -> dict[str, str]:
+    return {i["key"]: i["value"] for i in template["properties"]["metadata"]["items"]}
+
+
+@pytest.mark.django_db
+def test_a3_ultra_plan_has_rdma_nics_the_rule_from_mtc_and_a_dashboard(settings):
+    import re
+
+    requests = _plan("a3-ultra-pretraining", settings)
+    by_name = {(r["method"], r["name"]): r.get("body") for r in requests}
+    templates = {n: b for (m, n), b in by_name.items() if m.endswith("Templates.insert")}
+    # No metadata item holds key material: the munge key is a placeholder in a plan.
+    for template in templates.values():
+        for key, value in _metadata(template).items():
+            assert "PRIVATE KEY" not in value, key
+            assert not re.search(r"[A-Za-z0-9+/]{200,}={0,2}", value), key
+        assert _metadata(template)["mtc-munge-key"].startswith("<munge key")
+    gpu = templates["a3u-pretrain-a3u"]["properties"]
+    assert gpu["scheduling"]["provisioningModel"] == "RESERVATION_BOUND"
+    # nic0 on mtc's own network, a second gVNIC VPC, eight MRDMA NICs on the RoCE VPC.
+    nics = gpu["networkInterfaces"]
+    assert [n["nicType"] for n in nics] == ["GVNIC", "GVNIC"] + ["MRDMA"] * 8
+    assert nics[0]["network"].endswith("/networks/default")
+    assert {n["network"].rsplit("/", 1)[1] for n in nics[2:]} == {"a3u-pretrain-roce"}
+    assert len({n["subnetwork"] for n in nics[2:]}) == 8
+    roce = by_name[("compute.networks.insert", "a3u-pretrain-roce")]
+    assert roce["networkProfile"].endswith("/networkProfiles/us-central1-a-vpc-roce")
+    assert roce["mtu"] == 8896
+    assert by_name[("compute.networks.insert", "a3u-pretrain-gvnic-1")]["mtu"] == 8896
+    # The firewall rule from mtc's host to slurmctld.
+    rule = by_name[("compute.firewalls.insert", "a3u-pretrain-from-mtc")]
+    assert rule["sourceRanges"] == ["10.128.0.9/32"]
+    assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["6817"]}]
+    assert rule["targetTags"] == ["mtc-a3u-pretrain-login"]
+    # SlurmctldHost names the address reserved for the controller; GRES has device files.
+    controller = _metadata(templates["a3u-pretrain-login"])
+    assert (
+        "SlurmctldHost=a3u-pretrain-controller(<reserved at create>)"
+        in (controller["mtc-slurm-conf"])
+    )
+    assert controller["mtc-gres-conf"].splitlines()[1:] == [
+        "AutoDetect=off",
+        "NodeName=a3u-pretrain-a3u-[0-15] Name=gpu Type=h200 File=/dev/nvidia[0-7]",
+    ]
+    address = by_name[("compute.addresses.insert", "a3u-pretrain-controller-ip")]
+    assert address["addressType"] == "INTERNAL"
+    # The dashboard: GPU charts by node from DCGM receiver v2, memory only state="used".
+    dash = by_name[("monitoring.dashboards.insert", "mtc-a3u-pretrain")]
+    filters = {
+        t["widget"]["title"]: t["widget"]["xyChart"]["dataSets"][0]["timeSeriesQuery"][
+            "timeSeriesFilter"
+        ]
+        for t in dash["mosaicLayout"]["tiles"]
+    }
+    assert set(filters) == {
+        "GPU utilization by node",
+        "GPU temperature by node",
+        "GPU power by node",
+        "GPU memory used by node",
+        "Nodes by health",
+        "Jobs by state",
+    }
+    memory = filters["GPU memory used by node"]
+    assert 'workload.googleapis.com/gpu.dcgm.memory.bytes_used"' in memory["filter"]
+    assert 'metric.labels.state="used"' in memory["filter"]
+    assert 'metadata.user_labels."mtc-cluster"="a3u-pretrain"' in memory["filter"]
+    assert memory["aggregation"]["groupByFields"] == ["metadata.system_labels.name"]
+    (http,) = [r["http"] for r in requests if r["method"] == "monitoring.dashboards.insert"]
+    assert http == "POST /v1/projects/my-project/dashboards"
+
+
+@pytest.mark.django_db
+def test_a3_mega_plan_has_the_tcpxo_layout(settings):
+    requests = _plan("a3-mega-finetuning", settings)
+    templates = {r["name"]: r["body"] for r in requests if r["method"].endswith("Templates.insert")}
+    gpu = next(
+        t["properties"]
+        for t in templates.values()
+        if t["properties"]["machineType"] == "a3-megagpu-8g"
+    )
+    assert [n["nicType"] for n in gpu["networkInterfaces"]] == ["GVNIC"] * 9
+    data = [r["body"] for r in requests if r["method"] == "compute.networks.insert"]
+    assert len(data) == 8 and {n["mtu"] for n in data} == {8244}
+    assert not any("networkProfile" in n for n in data)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", ["a3-ultra-pretraining", "a4-pretraining", "a3-mega-finetuning"])
+def test_golden_plans_parse_with_the_typed_clients(key, settings):
+    """Every Compute Engine body of every reference architecture is one the typed
+    google-cloud-compute messages accept (an unknown or misspelt field fails)."""
+    from google.cloud import compute_v1
+
+    from clusters.providers.gce.client import KINDS
+
+    for request in _plan(key, settings):
+        resource, verb = request["method"].split(".")[1:]
+        if resource == "dashboards":
+            continue  # no typed client installed: the fake checks its shape
+        if verb == "bulkInsert":
+            message = compute_v1.BulkInsertInstanceResource
+        elif verb == "addPeering":
+            message = compute_v1.NetworksAddPeeringRequest
+        else:
+            message = getattr(compute_v1, KINDS[resource].message)
+        message.from_json(json.dumps(request["body"]), ignore_unknown_fields=False)

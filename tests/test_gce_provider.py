@@ -31,6 +31,11 @@ def compute(transactional_db, settings, monkeypatch):
     with FakeServer(fake) as server:
         settings.CELERY_TASK_ALWAYS_EAGER = True
         settings.MTC_GCE_API_ENDPOINT = server.url
+        settings.MTC_GCE_DASHBOARD_ENDPOINT = server.url  # the same fake keeps dashboards
+        settings.MTC_GCE_CONTROL_ADDRESS = "10.128.0.9"
+        # mtc's own VPC, there before any cluster (clusters go on it by default).
+        fake.resources[("networks", "default")] = {"name": "default", "mtu": 1460}
+        fake.resources[("subnetworks", "default")] = {"name": "default"}
         settings.MTC_GCE_ANONYMOUS = True
         settings.MTC_GCE_PROJECT = "mtc-test"
         settings.MTC_GCE_POLL_S = 0.005
@@ -61,26 +66,33 @@ def bodies(fake: FakeCompute, call: str) -> list[dict]:
     return [r.body for r in fake.requests if r.call == call]
 
 
-def test_create_sends_network_placement_templates_and_bulk_insert(compute, operator_api):
+def test_create_sends_network_placement_templates_and_bulk_insert(
+    compute, operator_api, client, operator
+):
     op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(), format="json"))
     assert op["state"] == "SUCCEEDED", op
     cluster = operator_api.get(f"/api/v1/clusters/{CID}").json()
     assert cluster["state"] == "RUNNING"
 
     posts = compute.calls("POST")
+    # mtc's own network is there already: only the GPU data networks are made.
     assert posts == [
-        "POST networks",
+        "POST networks",  # the second gVNIC VPC
         "POST subnetworks",
-        "POST addresses",
-        "POST firewalls",
-        "POST firewalls",
+        "POST networks",  # the RoCE VPC and a subnet per MRDMA NIC
+        *["POST subnetworks"] * 8,
+        "POST addresses",  # the controller's
+        "POST addresses",  # private services access
+        *["POST firewalls"] * 4,
         "POST instanceTemplates",
         "POST instanceTemplates",
         "POST instances",
         "POST instances/bulkInsert",
+        "POST /v1/projects/mtc-test/dashboards",
     ]
-    (network,) = bodies(compute, "POST networks")
-    assert network["mtu"] == 8896 and network["autoCreateSubnetworks"] is False
+    gvnic, roce = bodies(compute, "POST networks")
+    assert gvnic["mtu"] == roce["mtu"] == 8896 and gvnic["autoCreateSubnetworks"] is False
+    assert roce["networkProfile"].endswith("/us-central1-a-vpc-roce")
     templates = {t["name"]: t["properties"] for t in bodies(compute, "POST instanceTemplates")}
     gpu = templates[f"{CID}-a3u"]
     assert gpu["machineType"] == "a3-ultragpu-8g"
@@ -90,7 +102,7 @@ def test_create_sends_network_placement_templates_and_bulk_insert(compute, opera
     assert gpu["reservationAffinity"]["consumeReservationType"] == "SPECIFIC_RESERVATION"
     assert gpu["reservationAffinity"]["values"] == ["a3u-reservation"]
     assert gpu["scheduling"]["onHostMaintenance"] == "TERMINATE"
-    assert gpu["networkInterfaces"][0]["nicType"] == "GVNIC"
+    assert [n["nicType"] for n in gpu["networkInterfaces"]] == ["GVNIC"] * 2 + ["MRDMA"] * 8
     # Reservation-bound: placed by the reservation, ended with it.
     assert gpu["scheduling"]["provisioningModel"] == "RESERVATION_BOUND"
     assert gpu["scheduling"]["instanceTerminationAction"] == "DELETE"
@@ -112,7 +124,22 @@ def test_create_sends_network_placement_templates_and_bulk_insert(compute, opera
     assert sorted(bulk["perInstanceProperties"]) == [f"{CID}-a3u-{i}" for i in range(4)]
     assert bulk["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-a3u")
     (ctl,) = [r for r in compute.requests if r.call == "POST instances"]
-    assert ctl.body == {"name": f"{CID}-controller"}
+    assert ctl.body["name"] == f"{CID}-controller"
+    # The controller is on the address reserved for it, the one slurm.conf names.
+    (address,) = [r for r in compute.resources.values() if r["name"] == f"{CID}-controller-ip"]
+    assert ctl.body["networkInterfaces"][0]["networkIP"] == address["address"]
+    conf = {i["key"]: i["value"] for i in controller["metadata"]["items"]}["mtc-slurm-conf"]
+    assert f"SlurmctldHost={CID}-controller({address['address']})" in conf
+    client_conf = GceProvider().conf_path(Cluster.objects.get(cluster_id=CID)).read_text()
+    assert f"SlurmctldHost={CID}-controller({address['address']})" in client_conf
+    (rule,) = [b for b in bodies(compute, "POST firewalls") if b["name"] == f"{CID}-from-mtc"]
+    assert rule["sourceRanges"] == ["10.128.0.9/32"]
+    # The dashboard is made with the cluster and linked from its page.
+    assert list(compute.dashboards) == [f"mtc-{CID}"]
+    client.force_login(operator)
+    page = client.get(f"/clusters/{CID}/").content.decode()
+    assert 'data-testid="dashboard-link"' in page
+    assert f"monitoring/dashboards/builder/mtc-{CID}?project=mtc-test" in page
     assert ctl.query["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-login")
     nodes = operator_api.get(f"/api/v1/clusters/{CID}/nodes").json()
     assert len(nodes["results"] if "results" in nodes else nodes) == 4
@@ -212,20 +239,25 @@ def test_a_reset_that_never_boots_again_is_a_timeout(compute, operator_api, sett
 
 def test_delete_removes_everything_create_made(compute, operator_api):
     operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(2), format="json"))
-    made = set(compute.resources)
-    assert ("networks", f"{CID}-net") in made
+    made = set(compute.resources) - {("networks", "default"), ("subnetworks", "default")}
+    assert ("networks", f"{CID}-roce") in made and compute.dashboards
     cluster = Cluster.objects.get(cluster_id=CID)
     compute.clear_log()
     op = operation(operator_api, operator_api.delete(f"/api/v1/clusters/{CID}"))
     assert op["state"] == "SUCCEEDED", op
-    assert compute.resources == {}
-    deleted = {tuple(r.call.split(" ", 1)[1].split("/")[:2]) for r in compute.writes()}
+    assert set(compute.resources) == {("networks", "default"), ("subnetworks", "default")}
+    assert compute.dashboards == {}
+    deleted = {
+        tuple(r.call.split(" ", 1)[1].split("/")[:2])
+        for r in compute.writes()
+        if "/dashboards" not in r.path
+    }
     assert deleted == made  # exactly what create made, nothing else
     assert not Cluster.objects.filter(cluster_id=CID).exists()
     # Run again (a delete whose worker died at the end): every 404 counts as done.
     compute.clear_log()
     get_provider("gce").delete_cluster(cluster)
-    assert compute.calls("DELETE") and compute.resources == {}
+    assert compute.calls("DELETE") and len(compute.resources) == 2
 
 
 def test_delete_keeps_a_network_mtc_did_not_make(compute, operator_api):
@@ -234,9 +266,23 @@ def test_delete_keeps_a_network_mtc_did_not_make(compute, operator_api):
     spec = a3u_spec(1)
     spec["network"] = {"network": "shared", "subnetwork": "shared", "mtu": 8896}
     operation(operator_api, operator_api.post("/api/v1/clusters", spec, format="json"))
-    assert "POST networks" not in compute.calls("POST")
+    # A network of the spec's own is peered with mtc's, both ways, and not made.
+    posts = compute.calls("POST")
+    assert posts[:2] == ["POST networks/shared/addPeering", "POST networks/default/addPeering"]
+    made = [b["name"] for b in bodies(compute, "POST networks")]
+    assert made == [f"{CID}-gvnic-1", f"{CID}-roce"]
+    assert compute.resources[("networks", "default")]["peerings"][0]["network"].endswith(
+        "/networks/shared"
+    )
     operation(operator_api, operator_api.delete(f"/api/v1/clusters/{CID}"))
-    assert set(compute.resources) == {("networks", "shared"), ("subnetworks", "shared")}
+    assert set(compute.resources) == {
+        ("networks", "shared"),
+        ("subnetworks", "shared"),
+        ("networks", "default"),
+        ("subnetworks", "default"),
+    }
+    assert not compute.resources[("networks", "default")]["peerings"]
+    assert not compute.resources[("networks", "shared")]["peerings"]
 
 
 def test_stockout_leaves_error_and_retry_completes_without_duplicates(
@@ -258,7 +304,7 @@ def test_stockout_leaves_error_and_retry_completes_without_duplicates(
     assert operator_api.get(f"/api/v1/clusters/{CID}").json()["state"] == "RUNNING"
     # Everything made once: the retry only sent what was missing.
     posts = compute.calls("POST")
-    assert posts.count("POST networks") == 1 and posts.count("POST instanceTemplates") == 2
+    assert posts.count("POST networks") == 2 and posts.count("POST instanceTemplates") == 2
     assert posts.count("POST instances") == 1  # the controller
     assert posts.count("POST instances/bulkInsert") == 2  # the stockout, then the retry
     assert len(compute.names("instances")) == 5
@@ -318,3 +364,59 @@ def test_a_reservation_pool_must_name_its_reservation(db, operator_api):
     assert response.status_code == 400
     assert "node_pools[1].machine_spec.reservation_affinity" in response.json()["error"]["fields"]
     assert not Cluster.objects.exists()
+
+
+def test_the_fake_refuses_a_non_mrdma_nic_on_a_roce_network(compute, operator_api, monkeypatch):
+    """As Compute Engine does: a VPC with the RoCE network profile takes MRDMA NICs only."""
+    from clusters.providers.gce import networks
+
+    nics = networks.nics
+    monkeypatch.setattr(networks, "nics", lambda *a: [{**n, "nicType": "GVNIC"} for n in nics(*a)])
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(1), format="json"))
+    assert op["state"] == "FAILED", op
+    assert "RoCE network profile takes only MRDMA NICs" in op["error"]["message"]
+    assert compute.names("instances") == [f"{CID}-controller"]
+
+
+def test_the_dashboard_api_creates_once_refuses_a_bad_body_and_deletes(compute):
+    from clusters.providers.base import ProviderError
+    from clusters.providers.gce.dashboard import DashboardsApi, dashboard_body
+
+    api = DashboardsApi("mtc-test")
+    body = dashboard_body(a3u_spec(), "mtc-test")
+    api.create(body)
+    api.create(body)  # 409: made by an earlier try
+    assert list(compute.dashboards) == [f"mtc-{CID}"]
+    with pytest.raises(ProviderError, match="needs displayName and tiles") as error:
+        api.create({"name": "projects/mtc-test/dashboards/other", "displayName": "x"})
+    assert error.value.code == "MONITORING_ERROR"
+    api.delete(f"mtc-{CID}")
+    api.delete(f"mtc-{CID}")  # 404: gone already
+    assert compute.dashboards == {}
+
+
+@pytest.mark.slurm
+def test_readiness_is_what_a_real_slurmctld_says(local_clusters, operator_api, monkeypatch):
+    """The gce provider's readiness check (after the guest attributes) is a real
+    ``scontrol ping`` and ``sinfo`` through slurm/client.py: here against a local
+    cluster's slurmctld, standing in for the controller mtc reaches over the VPC."""
+    from tests.conftest import make_spec
+
+    spec = make_spec("gr", nodes=2)
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", spec, format="json"))
+    assert op["state"] == "SUCCEEDED", op
+    local = Cluster.objects.get(cluster_id="gr")
+    slurm = get_provider("local").slurm(local)
+    monkeypatch.setattr(GceProvider, "slurm", lambda self, cluster: slurm)
+    nodes = sorted(local.nodes.values_list("name", flat=True))
+    assert GceProvider()._slurm_ready(local) == {*nodes, "gr-controller"}
+    slurm.node_update([nodes[0]], state="DOWN", reason="readiness test")
+    assert GceProvider()._slurm_ready(local) == {nodes[1], "gr-controller"}
+
+
+def test_create_needs_mtcs_own_network(compute, operator_api, settings):
+    settings.MTC_GCE_NETWORK = "mtc-vpc"  # not in the project
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(1), format="json"))
+    assert op["state"] == "FAILED" and op["error"]["code"] == "GCE_NOT_CONFIGURED", op
+    assert "MTC_GCE_NETWORK" in op["error"]["message"]
+    assert compute.calls("POST") == []  # nothing half-made

@@ -83,6 +83,10 @@ class Provider(ABC):
     def login_command(self, cluster: Cluster) -> str:
         return ""
 
+    def dashboard_url(self, cluster: Cluster) -> str:
+        """A page of the cluster's metrics outside mtc ("" when there is none)."""
+        return ""
+
     def nodes_ready(self, cluster: Cluster, nodes: list[Node]) -> None:  # noqa: B027
         """Optional hook: every node of ``nodes`` registered (start what should wait for that)."""
 

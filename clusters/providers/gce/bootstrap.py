@@ -14,7 +14,31 @@ from .names import controller_name
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CGROUP_CONF = "ConstrainCores=yes\nConstrainDevices=yes\nConstrainRAMSpace=yes\n"
-GRES_CONF = "# Written by mtc.\nAutoDetect=nvml\n"
+
+
+def gres_conf(spec: dict) -> str:
+    """gres.conf with each GPU pool's device files, not ``AutoDetect=nvml``: Debian's
+    Slurm packages are built without NVML (no gpu_nvml plugin), so autodetection finds
+    nothing and the GPUs stay unbound. A machine type's GPUs are a fixed set of
+    /dev/nvidia<N> files, known from the spec, and this works with any Slurm build."""
+    lines = [
+        "# Written by mtc: explicit device files (Debian's Slurm has no NVML).",
+        "AutoDetect=off",
+    ]
+    login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
+    for pool in spec["node_pools"]:
+        machine = pool["machine_spec"]
+        count = machine.get("accelerator_count") or 0
+        if pool["id"] == login or not count:
+            continue
+        # Dynamic nodes are named <cluster>-<pool>-<i> (plan.node_names).
+        last = max(pool["scaling_spec"]["max_node_count"], 1) - 1
+        files = "/dev/nvidia0" if count == 1 else f"/dev/nvidia[0-{count - 1}]"
+        lines.append(
+            f"NodeName={spec['cluster_id']}-{pool['id']}-[0-{last}] Name=gpu"
+            f" Type={gres_type(machine['accelerator_type'])} File={files}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _mounts(storage: dict) -> str:
@@ -143,13 +167,17 @@ def hook_script(scripts: list[str], kind: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def slurm_conf(spec: dict, *, munge_socket: str = "", max_nodes: int = 1000) -> str:
+def slurm_conf(
+    spec: dict, *, munge_socket: str = "", max_nodes: int = 1000, controller_ip: str = ""
+) -> str:
     """slurm.conf for the controller. With ``munge_socket`` it is the client copy mtc's
-    own host uses to reach the controller (same cluster, its local munged)."""
+    own host uses to reach the controller (same cluster, its local munged). With
+    ``controller_ip`` the controller is ``<name>(<ip>)``: mtc's host needs no DNS."""
     slurm = spec["orchestrator_spec"]["slurm_spec"]
     settings: dict[str, str] = {
         "ClusterName": cluster_name(spec["cluster_id"]),
-        "SlurmctldHost": controller_name(spec["cluster_id"]),
+        "SlurmctldHost": controller_name(spec["cluster_id"])
+        + (f"({controller_ip})" if controller_ip else ""),
         # slurmdbd runs on the controller (accounting_script), over MariaDB there or
         # Cloud SQL; nodes gather usage through their cgroups.
         "AccountingStorageType": "accounting_storage/slurmdbd",

@@ -46,6 +46,7 @@ KINDS = {
     "globalAddresses": Kind(
         "GlobalAddressesClient", "Address", "address", "address_resource", "global"
     ),
+    "addresses": Kind("AddressesClient", "Address", "address", "address_resource", "region"),
     "resourcePolicies": Kind(
         "ResourcePoliciesClient",
         "ResourcePolicy",
@@ -175,6 +176,17 @@ class ComputeApi:
                 elif request.verb == "insert":
                     body = getattr(compute_v1, kind.message).from_json(json.dumps(request.body))
                     op = self._call(where, client.insert_unary, **{kind.body_arg: body}, **args)
+                elif request.verb in ("addPeering", "removePeering"):
+                    message = "NetworksAddPeeringRequest"
+                    arg = "networks_add_peering_request_resource"
+                    if request.verb == "removePeering":
+                        message = "NetworksRemovePeeringRequest"
+                        arg = "networks_remove_peering_request_resource"
+                    body = getattr(compute_v1, message).from_json(json.dumps(request.body))
+                    fn = client.add_peering_unary
+                    if request.verb == "removePeering":
+                        fn = client.remove_peering_unary
+                    op = self._call(where, fn, network=request.name, **{arg: body}, **args)
                 else:  # delete, reset: act on one named resource
                     fn = getattr(client, f"{request.verb}_unary")
                     op = self._call(where, fn, **{kind.name_arg: request.name}, **args)
@@ -190,6 +202,17 @@ class ComputeApi:
                 if attempt == settings.MTC_GCE_RETRIES:
                     raise ProviderError(str(exc), code="GCE_UNAVAILABLE") from exc
                 time.sleep(settings.MTC_GCE_POLL_S * (attempt + 1))
+
+    def get(self, resource: str, name: str):
+        """One resource, or None if there is none."""
+        kind = KINDS[resource]
+        client = self._client(kind.client)
+        try:
+            return client.get(**{kind.name_arg: name}, **self._scope_args(kind.scope))
+        except gexc.NotFound:
+            return None
+        except Exception as exc:  # noqa: BLE001
+            raise from_http(exc, where=f"{resource}.get {name}") from exc
 
     def exists(self, resource: str, name: str) -> bool:
         kind = KINDS[resource]

@@ -34,6 +34,8 @@ GPU_METRICS: dict[str, tuple[str, int, float]] = {
     "temperature_c": ("workload.googleapis.com/gpu.dcgm.temperature", Aligner.ALIGN_MEAN, 1.0),
     "power_w": ("workload.googleapis.com/gpu.dcgm.energy_consumption", Aligner.ALIGN_RATE, 1.0),
 }
+# memory.bytes_used has a series per state (used, free, reserved): the chart is "used".
+GPU_METRIC_FILTERS: dict[str, str] = {"memory_used_mib": 'metric.labels.state = "used"'}
 CUSTOM_PREFIX = "custom.googleapis.com/mtc/"
 WRITE_BATCH = 200  # Cloud Monitoring takes at most 200 series per create call
 
@@ -74,12 +76,14 @@ class CloudMonitoring:
         since: datetime,
         until: datetime,
         step_s: int,
+        extra: str = "",
     ):
         request = monitoring_v3.ListTimeSeriesRequest(
             name=f"projects/{self.project}",
             filter=(
                 f'metric.type = "{metric_type}" AND resource.type = "gce_instance" '
                 f'AND metadata.system_labels.name = "{instance}"'
+                + (f" AND {extra}" if extra else "")
             ),
             interval=monitoring_v3.TimeInterval(start_time=since, end_time=until),
             aggregation=monitoring_v3.Aggregation(
@@ -100,7 +104,8 @@ class CloudMonitoring:
         one point per ``step_s`` (one list call per metric, whatever the GPU count)."""
         by_gpu: dict[int, dict[str, dict[str, float]]] = {}
         for name, (metric_type, aligner, scale) in GPU_METRICS.items():
-            for series in self._list(metric_type, instance, aligner, since, until, step_s):
+            extra = GPU_METRIC_FILTERS.get(name, "")
+            for series in self._list(metric_type, instance, aligner, since, until, step_s, extra):
                 label = series.metric.labels.get("gpu_number", "0")
                 index = int(label) if label.isdigit() else 0
                 for point in series.points:

@@ -78,3 +78,28 @@ def cluster_labels(spec: dict, pool_id: str | None = None) -> dict[str, str]:
     if pool_id:
         labels[LABEL_POOL] = pool_id
     return labels
+
+
+def network_profile_url(project: str, profile: str) -> str:
+    return f"projects/{project}/global/networkProfiles/{profile}"
+
+
+def controller_address_name(cluster_id: str) -> str:
+    return resource_name(cluster_id, "controller", "ip")
+
+
+def access_firewall_name(cluster_id: str) -> str:
+    """The rule that lets mtc's host reach slurmctld."""
+    return resource_name(cluster_id, "from-mtc")
+
+
+def data_firewall_name(network: str) -> str:
+    return resource_name(network, "internal")
+
+
+def peering_name(network: str, peer: str) -> str:
+    return resource_name("mtc", network, "to", peer)
+
+
+def dashboard_id(cluster_id: str) -> str:
+    return resource_name("mtc", cluster_id)

@@ -3,210 +3,30 @@
 `mtc cluster plan` and the wizard's review step print these; the provider sends the
 very same bodies, so what a user reviews is what Compute Engine receives. Bodies are
 the REST API's JSON (camelCase), paths are relative to ``/compute/v1/``.
-Past 400 lines on purpose: every request body of a create, in the order they are sent."""
+The network requests are built in networks.py, the request type in api.py."""
 
 from __future__ import annotations
 
 import base64
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from identity.sources.base import AccountData
 
-from . import access, names
-from .bootstrap import CGROUP_CONF, GRES_CONF, hook_script, slurm_conf, startup_script
+from . import access, dashboard, names
+from .api import DEFAULT_SUBNET_RANGE, ApiRequest, Target, compute_pools, login_pool
+from .bootstrap import CGROUP_CONF, gres_conf, hook_script, slurm_conf, startup_script
+from .networks import (
+    NETWORK_RESOURCES,
+    firewall_requests,
+    network_interfaces,
+    network_requests,
+    primary_network,
+)
 
 REDACTED_KEY = "<munge key: generated at create, not shown>"
-DEFAULT_SUBNET_RANGE = "10.128.0.0/20"
-# What network_requests makes; made only when missing, and deleted only if mtc made it.
-NETWORK_RESOURCES = {"networks", "subnetworks", "globalAddresses"}
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where requests go: the project and zone, the boot image, the subnet range."""
-
-    project: str
-    zone: str
-    image: str
-    subnet_range: str = DEFAULT_SUBNET_RANGE
-    service_account: str = ""  # the nodes' own; may hold {project}
-
-    @property
-    def region(self) -> str:
-        return names.region_of(self.zone)
-
-    @property
-    def node_service_account(self) -> str:
-        return access.service_account(self.service_account, self.project)
-
-
-@dataclass
-class ApiRequest:
-    """One Compute Engine call: ``resource.verb`` on ``name`` in a scope."""
-
-    resource: str  # networks, subnetworks, firewalls, globalAddresses, resourcePolicies, ...
-    verb: str  # insert, bulkInsert, delete, reset
-    scope: str  # global, region or zone
-    name: str
-    body: dict[str, Any] | None = None
-    query: dict[str, str] = field(default_factory=dict)
-    when: str = ""  # e.g. "if missing": ensure-steps look before they create
-
-    def path(self, target: Target) -> str:
-        base = f"projects/{target.project}"
-        if self.scope == "global":
-            base += "/global"
-        elif self.scope == "region":
-            base += f"/regions/{target.region}"
-        elif self.scope == "zone":
-            base += f"/zones/{target.zone}"
-        # The API calls global addresses "addresses" under /global (method globalAddresses).
-        collection = "addresses" if self.resource == "globalAddresses" else self.resource
-        path = f"{base}/{collection}"
-        if self.verb == "bulkInsert":
-            path += "/bulkInsert"
-        elif self.verb == "delete":
-            path += f"/{self.name}"
-        elif self.verb != "insert":
-            path += f"/{self.name}/{self.verb}"
-        if self.query:
-            path += "?" + "&".join(f"{k}={v}" for k, v in self.query.items())
-        return path
-
-    @property
-    def http_method(self) -> str:
-        return "DELETE" if self.verb == "delete" else "POST"
-
-    def describe(self, target: Target) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "method": f"compute.{self.resource}.{self.verb}",
-            "http": f"{self.http_method} /compute/v1/{self.path(target)}",
-            "name": self.name,
-        }
-        if self.when:
-            out["when"] = self.when
-        if self.body is not None:
-            out["body"] = self.body
-        return out
-
-
-# --- network --------------------------------------------------------------------
-def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
-    """The VPC, its subnet, the private-services range: created only when missing."""
-    net = spec.get("network") or {}
-    network = net.get("network") or "default"
-    subnet = net.get("subnetwork") or network
-    requests = [
-        ApiRequest(
-            "networks",
-            "insert",
-            "global",
-            network,
-            {
-                "name": network,
-                "autoCreateSubnetworks": False,
-                "mtu": net.get("mtu", 1460),
-                "routingConfig": {"routingMode": "REGIONAL"},
-                "description": f"mtc cluster {spec['cluster_id']}",
-            },
-            when="if missing",
-        ),
-        ApiRequest(
-            "subnetworks",
-            "insert",
-            "region",
-            subnet,
-            {
-                "name": subnet,
-                "network": names.network_url(target.project, network),
-                "ipCidrRange": target.subnet_range,
-                "privateIpGoogleAccess": True,
-                "description": f"mtc cluster {spec['cluster_id']}",
-            },
-            when="if missing",
-        ),
-    ]
-    psa = net.get("private_service_access")
-    if psa:
-        name = names.psa_range_name(spec["cluster_id"])
-        requests.append(
-            ApiRequest(
-                "globalAddresses",
-                "insert",
-                "global",
-                name,
-                {
-                    "name": name,
-                    "purpose": "VPC_PEERING",
-                    "addressType": "INTERNAL",
-                    "prefixLength": psa.get("range_prefix_length", 20),
-                    "network": names.network_url(target.project, network),
-                    "description": "Private services access (Filestore, Managed Lustre)",
-                },
-                when="if missing",
-            )
-        )
-    return requests
-
-
-def firewall_requests(spec: dict, target: Target) -> list[ApiRequest]:
-    cluster_id = spec["cluster_id"]
-    network = names.network_url(
-        target.project, (spec.get("network") or {}).get("network") or "default"
-    )
-    internal, iap = names.firewall_names(cluster_id)
-    tag = names.cluster_tag(cluster_id)
-    return [
-        ApiRequest(
-            "firewalls",
-            "insert",
-            "global",
-            internal,
-            {
-                "name": internal,
-                "network": network,
-                "direction": "INGRESS",
-                "priority": 1000,
-                "sourceTags": [tag],
-                "sourceRanges": [target.subnet_range],
-                "targetTags": [tag],
-                "allowed": [{"IPProtocol": "tcp"}, {"IPProtocol": "udp"}, {"IPProtocol": "icmp"}],
-                "description": "mtc: all traffic between the cluster's nodes",
-            },
-            when="if missing",
-        ),
-        ApiRequest(
-            "firewalls",
-            "insert",
-            "global",
-            iap,
-            {
-                "name": iap,
-                "network": network,
-                "direction": "INGRESS",
-                "priority": 1000,
-                "sourceRanges": [names.IAP_RANGE],
-                "targetTags": [names.login_tag(cluster_id)],
-                "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
-                "description": "mtc: SSH to the login node through Identity-Aware Proxy",
-            },
-            when="if missing",
-        ),
-    ]
-
-
-# --- pools ------------------------------------------------------------------------
-def _login_pool(spec: dict) -> dict:
-    login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
-    return next(p for p in spec["node_pools"] if p["id"] == login)
-
-
-def compute_pools(spec: dict) -> list[dict]:
-    login = spec["orchestrator_spec"]["slurm_spec"]["login_node_pool_id"]
-    return [p for p in spec["node_pools"] if p["id"] != login]
+CONTROLLER_IP_PLACEHOLDER = "<reserved at create>"
 
 
 def placement_requests(spec: dict, target: Target) -> list[ApiRequest]:
@@ -283,14 +103,13 @@ def template_request(
     role: str,
     munge_key: str,
     accounts: Sequence[AccountData] = (),
+    controller_ip: str = "",
 ) -> ApiRequest:
     """One instance template per pool (the login pool's makes the controller)."""
     cluster_id = spec["cluster_id"]
     machine = pool["machine_spec"]
     gpus = machine.get("accelerator_count") or 0
     disk = pool.get("boot_disk") or {}
-    net = spec.get("network") or {}
-    network = net.get("network") or "default"
     tags = [names.cluster_tag(cluster_id)]
     if role == "controller":
         tags.append(names.login_tag(cluster_id))
@@ -306,8 +125,11 @@ def template_request(
     ]
     if role == "controller":
         metadata += [
-            {"key": "mtc-slurm-conf", "value": slurm_conf(spec)},
-            {"key": "mtc-gres-conf", "value": GRES_CONF},
+            {
+                "key": "mtc-slurm-conf",
+                "value": slurm_conf(spec, controller_ip=controller_ip or CONTROLLER_IP_PLACEHOLDER),
+            },
+            {"key": "mtc-gres-conf", "value": gres_conf(spec)},
             {"key": "mtc-cgroup-conf", "value": CGROUP_CONF},
         ]
     else:
@@ -330,15 +152,7 @@ def template_request(
                 },
             }
         ],
-        "networkInterfaces": [
-            {
-                "network": names.network_url(target.project, network),
-                "subnetwork": names.subnetwork_url(
-                    target.project, target.region, net.get("subnetwork") or network
-                ),
-                "nicType": "GVNIC",
-            }
-        ],
+        "networkInterfaces": network_interfaces(spec, pool, target, role=role),
         "scheduling": _scheduling(pool, bool(gpus)),
         "labels": names.cluster_labels(spec, pool["id"]),
         "tags": {"items": tags},
@@ -376,16 +190,21 @@ def template_request(
     )
 
 
-def controller_request(spec: dict, target: Target) -> ApiRequest:
+def controller_request(spec: dict, target: Target, controller_ip: str = "") -> ApiRequest:
+    """The controller from its template, nic0 on the address reserved for it: the
+    address slurm.conf names (SlurmctldHost=<name>(<ip>)), so mtc needs no DNS."""
     cluster_id = spec["cluster_id"]
-    template = names.template_name(cluster_id, _login_pool(spec)["id"])
+    login = login_pool(spec)
+    template = names.template_name(cluster_id, login["id"])
     name = names.controller_name(cluster_id)
+    nics = network_interfaces(spec, login, target, role="controller")
+    nics[0]["networkIP"] = controller_ip or CONTROLLER_IP_PLACEHOLDER
     return ApiRequest(
         "instances",
         "insert",
         "zone",
         name,
-        {"name": name},
+        {"name": name, "networkInterfaces": nics},
         query={"sourceInstanceTemplate": names.template_url(target.project, template)},
         when="if missing",
     )
@@ -424,25 +243,47 @@ def cluster_plan(
     *,
     munge_key: bytes | None = None,
     accounts: Sequence[AccountData] = (),
+    controller_ip: str = "",
 ) -> list[ApiRequest]:
     """Every request ``create`` sends, in order; ``accounts`` are the POSIX accounts
-    every node gets (access.node_accounts() at create)."""
+    every node gets (access.node_accounts() at create); ``controller_ip`` is the address
+    the network step reserved (a placeholder in a plan shown before create)."""
     key = munge_key_value(munge_key)
     requests = network_requests(spec, target) + firewall_requests(spec, target)
     requests += placement_requests(spec, target)
     requests.append(
         template_request(
-            spec, _login_pool(spec), target, role="controller", munge_key=key, accounts=accounts
+            spec,
+            login_pool(spec),
+            target,
+            role="controller",
+            munge_key=key,
+            accounts=accounts,
+            controller_ip=controller_ip,
         )
     )
     for pool in compute_pools(spec):
         requests.append(
             template_request(spec, pool, target, role="worker", munge_key=key, accounts=accounts)
         )
-    requests.append(controller_request(spec, target))
+    requests.append(controller_request(spec, target, controller_ip))
     for pool in compute_pools(spec):
         requests.append(bulk_insert_request(spec, pool, target, node_names(spec, pool)))
+    requests.append(dashboard_request(spec, target))
     return requests
+
+
+def dashboard_request(spec: dict, target: Target) -> ApiRequest:
+    """The cluster's Cloud Monitoring dashboard (REST v1, monitoring.googleapis.com)."""
+    body = dashboard.dashboard_body(spec, target.project)
+    return ApiRequest(
+        "dashboards",
+        "insert",
+        "monitoring",
+        names.dashboard_id(spec["cluster_id"]),
+        body,
+        when="if missing",
+    )
 
 
 def split_files(body: dict) -> tuple[dict, dict[str, str]]:
@@ -455,3 +296,15 @@ def split_files(body: dict) -> tuple[dict, dict[str, str]]:
             files[item["key"]] = item["value"]
             item["value"] = f"<{item['key']}: printed below>"
     return body, files
+
+
+__all__ = [
+    "DEFAULT_SUBNET_RANGE",
+    "NETWORK_RESOURCES",
+    "ApiRequest",
+    "Target",
+    "cluster_plan",
+    "firewall_requests",
+    "network_requests",
+    "primary_network",
+]

@@ -4,13 +4,15 @@ The controller (also the login node) and the workers are instances made from one
 instance template per pool; workers come in one ``bulkInsert`` per pool and join
 Slurm as dynamic nodes. Every step looks before it creates, so a retry after a crash
 or a stockout makes nothing twice. mtc's own Slurm commands reach the controller
-over the VPC with the cluster's munge key (a local munged), so mtc runs inside the
-cluster's network (README)."""
+over the VPC with the cluster's munge key (a local munged): clusters go on mtc's VPC
+or are peered with it, and slurm.conf names the controller by its reserved address.
+Past 400 lines: create, readiness, delete and repairs of one provider read together."""
 
 from __future__ import annotations
 
 import logging
 import shutil
+import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +24,7 @@ from slurm import SlurmClient, SlurmError
 
 from .. import munge
 from ..base import Provider, ProviderError
-from . import access, names, plan
+from . import access, dashboard, names, plan
 from .bootstrap import slurm_conf
 from .client import ComputeApi
 
@@ -52,7 +54,23 @@ def target_for(spec: dict, project: str = "") -> plan.Target:
         image=settings.MTC_GCE_IMAGE.replace("{project}", project),
         subnet_range=settings.MTC_GCE_SUBNET_RANGE,
         service_account=settings.MTC_GCE_SERVICE_ACCOUNT,
+        network=settings.MTC_GCE_NETWORK,
+        subnetwork=settings.MTC_GCE_SUBNETWORK,
+        control_address=control_address(),
     )
+
+
+def control_address() -> str:
+    """mtc's host as the cluster sees it: the setting, else the source address of the
+    default route (a UDP connect sends nothing)."""
+    if settings.MTC_GCE_CONTROL_ADDRESS:
+        return settings.MTC_GCE_CONTROL_ADDRESS
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect(("10.255.255.255", 1))
+            return sock.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
 
 
 class GceProvider(Provider):
@@ -103,7 +121,11 @@ class GceProvider(Provider):
         (root / "etc").mkdir(parents=True, exist_ok=True)
         key = munge.key(root)
         munge.ensure(root)
-        text = slurm_conf(cluster.spec, munge_socket=munge.socket_path(root))
+        text = slurm_conf(
+            cluster.spec,
+            munge_socket=munge.socket_path(root),
+            controller_ip=(cluster.provider_state or {}).get("controller_ip", ""),
+        )
         path = self.conf_path(cluster)
         if not path.exists() or path.read_text() != text:
             tmp = path.with_suffix(".tmp")
@@ -111,28 +133,73 @@ class GceProvider(Provider):
             tmp.replace(path)
         return key
 
+    def _created(self, cluster: Cluster) -> dict[str, list[str]]:
+        """What mtc made of the network pieces, by resource (a name each, in order)."""
+        created = (cluster.provider_state or {}).get("created", {})
+        return {k: [v] if isinstance(v, str) else list(v) for k, v in created.items()}
+
     def _ensure_network_piece(self, cluster: Cluster, api: ComputeApi, request) -> None:
         """Network pieces mtc creates are recorded, so delete removes those and only those."""
-        if api.exists(request.resource, request.name):
-            return
-        created = {**cluster.provider_state.get("created", {}), request.resource: request.name}
-        self._remember(cluster, created=created)  # before the insert: a crash keeps it
+        if request.verb == "addPeering":
+            peering = request.body["networkPeering"]["name"]
+            network = api.get("networks", request.name)
+            if network is None or any(p.name == peering for p in network.peerings):
+                return
+            key, value = "peerings", f"{request.name}/{peering}"
+        else:
+            if api.exists(request.resource, request.name):
+                return
+            key, value = request.resource, request.name
+        created = self._created(cluster)
+        if value not in created.get(key, []):
+            created[key] = [*created.get(key, []), value]
+            self._remember(cluster, created=created)  # before the insert: a crash keeps it
         api.send(replace(request, when=""))  # looked already
+
+    def _controller_ip(self, cluster: Cluster, api: ComputeApi) -> str:
+        """The internal address reserved for slurmctld (SlurmctldHost=<name>(<ip>))."""
+        address = api.get("addresses", names.controller_address_name(cluster.cluster_id))
+        ip = address.address if address else ""
+        if not ip:
+            raise ProviderError("the controller's address was not reserved", code="GCE_ERROR")
+        if cluster.provider_state.get("controller_ip") != ip:
+            self._remember(cluster, controller_ip=ip)
+        return ip
 
     def apply(self, cluster: Cluster, nodes: list[Node]) -> None:
         """Send the plan's requests in its order: what `mtc cluster plan` shows is what
-        is sent; each bulkInsert is cut down to the pool's nodes that do not exist yet."""
+        is sent; each bulkInsert is cut down to the pool's nodes that do not exist yet.
+        The network step comes first: it reserves the controller's address, which the
+        controller's slurm.conf and mtc's own copy name."""
         api = self.api(cluster)
         if not cluster.provider_state.get("project"):
             self._remember(cluster, project=api.target.project)
-        key = self._ensure_client_side(cluster)
         spec, target = cluster.spec, api.target
+        if not api.exists("networks", target.network):
+            raise ProviderError(
+                f"mtc's own network '{target.network}' is not in project {target.project}: "
+                "set MTC_GCE_NETWORK to the VPC mtc runs in (README, 'Running on Compute "
+                "Engine').",
+                code="GCE_NOT_CONFIGURED",
+                permanent=True,
+            )
+        for request in plan.network_requests(spec, target):
+            self._ensure_network_piece(cluster, api, request)
+        controller_ip = self._controller_ip(cluster, api)
+        key = self._ensure_client_side(cluster)
         pools = {p["id"]: p for p in spec["node_pools"]}
         existing = api.instances(cluster.cluster_id)
         accounts = access.node_accounts()
-        for request in plan.cluster_plan(spec, target, munge_key=key, accounts=accounts):
+        requests = plan.cluster_plan(
+            spec, target, munge_key=key, accounts=accounts, controller_ip=controller_ip
+        )
+        for request in requests:
             if request.resource in plan.NETWORK_RESOURCES:
-                self._ensure_network_piece(cluster, api, request)
+                continue  # sent above
+            if request.resource == "dashboards":
+                if cluster.provider_state.get("dashboard") != request.name:  # made once
+                    dashboard.DashboardsApi(target.project).create(request.body)
+                    self._remember(cluster, dashboard=request.name)
             elif request.verb == "bulkInsert":
                 missing = [
                     n.name
@@ -147,6 +214,13 @@ class GceProvider(Provider):
             else:
                 api.send(request)
         self._record_instance_ids(cluster, api, nodes)
+
+    def dashboard_url(self, cluster: Cluster) -> str:
+        """The cluster's Cloud Monitoring dashboard in the console ("" before create)."""
+        state = cluster.provider_state or {}
+        if not state.get("dashboard") or not state.get("project"):
+            return ""
+        return dashboard.console_url(state["project"], cluster.cluster_id)
 
     def _record_instance_ids(self, cluster: Cluster, api: ComputeApi, nodes: list[Node]) -> None:
         """Each node's provider id names its VM: gce://project/zone/name#instance-id."""
@@ -260,7 +334,7 @@ class GceProvider(Provider):
             shutil.rmtree(root, ignore_errors=True)
             return
         api = self.api(cluster)
-        spec, target = cluster.spec, api.target
+        spec, target, state = cluster.spec, api.target, cluster.provider_state or {}
         self._delete_instances(api, sorted(api.instances(cluster.cluster_id)))
         deletions = [
             plan.ApiRequest(
@@ -276,19 +350,35 @@ class GceProvider(Provider):
             for r in plan.placement_requests(spec, target)
         ]
         deletions += [
-            plan.ApiRequest("firewalls", "delete", "global", name)
-            for name in names.firewall_names(cluster.cluster_id)
+            plan.ApiRequest("firewalls", "delete", "global", r.name)
+            for r in plan.firewall_requests(spec, target)
         ]
-        created = (cluster.provider_state or {}).get("created", {})
+        created = self._created(cluster)
+        for peering in created.get("peerings", []):
+            network, name = peering.split("/", 1)
+            deletions.append(
+                plan.ApiRequest("networks", "removePeering", "global", network, {"name": name})
+            )
         for resource, scope in (
+            ("addresses", "region"),
             ("globalAddresses", "global"),
             ("subnetworks", "region"),
             ("networks", "global"),
         ):
-            if resource in created:
-                deletions.append(plan.ApiRequest(resource, "delete", scope, created[resource]))
+            deletions += [
+                plan.ApiRequest(resource, "delete", scope, name)
+                for name in reversed(created.get(resource, []))
+            ]
         for request in deletions:
-            api.send(request)
+            try:
+                api.send(request)
+            except ProviderError as exc:
+                if request.verb != "removePeering":
+                    raise
+                # A peering whose network or peer is gone already: nothing to remove.
+                log.info("removePeering %s: %s", request.name, exc)
+        if state.get("dashboard"):
+            dashboard.DashboardsApi(target.project).delete(state["dashboard"])
         munge.stop(root)
         shutil.rmtree(root, ignore_errors=True)
 

@@ -146,7 +146,8 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(described, indent=2))
             return
         self.stdout.write(
-            f"# {len(described['requests'])} Compute Engine requests for cluster "
+            f"# {len(described['requests'])} Compute Engine and Cloud Monitoring requests for "
+            "cluster "
             f"{spec['cluster_id']} in project {described['project']}, zone {described['zone']}"
         )
         access = described["node_access"]
