@@ -8,6 +8,7 @@ request runs the same few queries however many jobs the window holds."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
@@ -46,11 +47,18 @@ class UsageQuery:
     end: date  # inclusive
 
 
+CLUSTER_ID_RE = re.compile(r"[a-z][a-z0-9-]{0,30}")
+# Dates far outside these would overflow a window's arithmetic (date.max + 1 day).
+FIRST_DAY, LAST_DAY = date(1970, 1, 1), date(9000, 12, 31)
+DATE_HINT = f"Must be a date, YYYY-MM-DD, from {FIRST_DAY} to {LAST_DAY}."
+
+
 def _date(text: str) -> date | None:
     try:
-        return date.fromisoformat(text)
+        day = date.fromisoformat(text)
     except ValueError:
         return None
+    return day if FIRST_DAY <= day <= LAST_DAY else None
 
 
 def usage_query_parse(params, *, today: date | None = None) -> tuple[str, dict]:
@@ -61,6 +69,8 @@ def usage_query_parse(params, *, today: date | None = None) -> tuple[str, dict]:
     cluster_id = (params.get("cluster") or "").strip()
     if not cluster_id:
         fields["cluster"] = "Required: the cluster's id."
+    elif not CLUSTER_ID_RE.fullmatch(cluster_id):
+        fields["cluster"] = "Must be a cluster id: a-z, 0-9 and -, starting with a letter."
     group_by = params.get("group_by") or "user"
     if group_by not in GROUP_BYS:
         fields["group_by"] = f"Must be one of {', '.join(GROUP_BYS)}."
@@ -69,11 +79,11 @@ def usage_query_parse(params, *, today: date | None = None) -> tuple[str, dict]:
         fields["bucket"] = f"Must be one of {', '.join(BUCKETS)}."
     end = _date(params.get("end") or today.isoformat())
     if end is None:
-        fields["end"] = "Must be a date, YYYY-MM-DD."
+        fields["end"] = DATE_HINT
     raw_start = params.get("start")
     start = _date(raw_start) if raw_start else (end or today) - timedelta(days=DEFAULT_DAYS - 1)
     if start is None:
-        fields["start"] = "Must be a date, YYYY-MM-DD."
+        fields["start"] = DATE_HINT
     if start and end:
         if start > end:
             fields["start"] = "Must be on or before end."

@@ -138,15 +138,18 @@ def test_usage_query_count_does_not_grow_with_rows(jobs, operator_api, operator)
         ({"group_by": "team"}, "group_by"),
         ({"bucket": "month"}, "bucket"),
         ({"cluster": ""}, "cluster"),
+        ({"cluster": "Bad_Id"}, "cluster"),
+        ({"start": "0001-01-01"}, "start"),
+        ({"end": "9999-12-31"}, "end"),
     ],
 )
-def test_bad_usage_parameters_are_400_naming_the_field(jobs, operator_api, params, field):
+def test_bad_usage_parameters_are_400_naming_the_field(operator_api, params, field):
     response = usage(operator_api, **params)
     assert response.status_code == 400
     assert field in response.json()["error"]["fields"]
 
 
-def test_unknown_cluster_is_404(jobs, operator_api):
+def test_unknown_cluster_is_404(operator_api):
     assert usage(operator_api, cluster="nope").status_code == 404
 
 

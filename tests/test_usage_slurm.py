@@ -12,6 +12,7 @@ from clusters.models import Cluster
 from clusters.providers import get_provider
 from jobs.models import Job
 from jobs.sync import jobs_sync
+from slurm.accounting import parse_size
 
 from .conftest import cluster_root, make_spec
 from .waiting import wait_until
@@ -80,6 +81,11 @@ def test_usage_returns_the_gpu_hours_sacct_reports(local_clusters, operator_api)
         parts = dict(item.split("=", 1) for item in tres.split(","))
         gpu_seconds += int(parts["gres/gpu"]) * int(elapsed)
         cpu_seconds += int(parts["cpu"]) * int(elapsed)
+        job = Job.objects.get(cluster=cluster, job_id=job_id)  # what settle stored
+        assert (job.cpus_allocated, job.mem_allocated_bytes) == (
+            int(parts["cpu"]),
+            parse_size(parts["mem"]) if parts.get("mem", "0") != "0" else None,
+        ), tres
     assert gpu_seconds >= 2 * 2 + 3 * 3
 
     today = datetime.now(UTC).date()
