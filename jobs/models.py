@@ -39,6 +39,13 @@ class Job(models.Model):
     gpus_allocated = models.PositiveIntegerField(
         null=True, blank=True, help_text="GPUs allocated (gres/gpu TRES)"
     )
+    cpus_allocated = models.PositiveIntegerField(
+        null=True, blank=True, help_text="CPUs allocated (cpu TRES)"
+    )
+    mem_allocated_bytes = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Memory allocated (mem TRES), bytes"
+    )
+    account = models.CharField(max_length=64, blank=True, help_text="Slurm account (sacct)")
     # The poller reads only unsettled rows besides the queue: a row settles once its
     # final record is stored (from sacct, or as it stands when there is no accounting).
     settled = models.BooleanField(default=False)
@@ -82,6 +89,8 @@ class Job(models.Model):
             models.Index(fields=["cluster", "owner"]),
             # The retention purge: finished jobs by their end, across clusters.
             models.Index(fields=["state", "end_time"]),
+            # Usage: a cluster's finished jobs by their end (jobs.usage).
+            models.Index(fields=["cluster", "end_time"], name="job_usage_end"),
         ]
 
     def __str__(self) -> str:
@@ -102,6 +111,20 @@ class Job(models.Model):
     @property
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def efficiency(self) -> dict | None:
+        """What seff prints, once accounting has the job's record (jobs.efficiency)."""
+        from .efficiency import job_efficiency
+
+        return job_efficiency(
+            elapsed_s=self.elapsed_s,
+            cpu_time_s=self.cpu_time_s,
+            cpus=self.cpus_allocated or self.cpus,
+            max_rss_bytes=self.max_rss_bytes,
+            mem_bytes=self.mem_allocated_bytes,
+            gpus=self.gpus_allocated,
+        )
 
 
 class JobEvent(models.Model):

@@ -59,6 +59,9 @@ def _array_record(job_id: str, tasks: list[AcctJob]) -> AcctJob:
         cpu_time_s=pick((t.cpu_time_s for t in tasks), sum),
         max_rss_bytes=pick((t.max_rss_bytes for t in tasks), max),
         gpus=max(t.gpus for t in tasks),
+        cpus=pick((t.cpus for t in tasks), max),
+        mem_bytes=pick((t.mem_bytes for t in tasks), max),
+        account=tasks[0].account,
     )
 
 
@@ -93,6 +96,9 @@ def _from_record(job: Job, record: AcctJob) -> dict:
         "cpu_time_s": record.cpu_time_s,
         "max_rss_bytes": record.max_rss_bytes,
         "gpus_allocated": record.gpus,
+        "cpus_allocated": record.cpus,
+        "mem_allocated_bytes": record.mem_bytes,
+        "account": record.account,
         "settled": True,
         "gone_time": None,
     }

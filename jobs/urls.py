@@ -1,10 +1,12 @@
 from django.urls import path
 
-from . import views
+from . import usage_views, views
 
 app_name = "jobs"
 
 urlpatterns = [
+    path("usage/", usage_views.usage_page, name="usage"),
+    path("usage.csv", usage_views.usage_csv, name="usage_csv"),
     path("clusters/<slug:cluster_id>/jobs/", views.job_queue, name="queue"),
     # fragment/ and submit/ come before <job_id>/ (which only takes 123 or 123_4).
     path(

@@ -221,6 +221,7 @@ SPECTACULAR_SETTINGS = {
         {"name": "operations", "description": "Long-running cluster operations"},
         {"name": "nodes", "description": "A cluster's nodes, as last polled"},
         {"name": "jobs", "description": "Slurm jobs: submit, control, output"},
+        {"name": "usage", "description": "GPU-hours, CPU-hours and jobs from accounting"},
         {"name": "recipes", "description": "Prebuilt LLM training jobs"},
         {"name": "health", "description": "Node health, faults and agents' reports"},
         {"name": "repairs", "description": "Node repairs (operators)"},

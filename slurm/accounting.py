@@ -23,6 +23,7 @@ FIELDS = (
     ("TotalCPU", "cpu_time"),
     ("MaxRSS", "max_rss"),
     ("AllocTRES", "alloc_tres"),
+    ("Account", "account"),
 )
 SACCT_FORMAT = ",".join(field for field, _ in FIELDS)
 # Ids per sacct call: one call covers a round's leavers (a command line stays short).
@@ -30,6 +31,8 @@ BATCH = 2000
 _ALLOC_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
 _STEP_RE = re.compile(r"^([0-9]+(?:_[0-9]+)?)\.[A-Za-z0-9_+-]+$")
 _GPU_TRES_RE = re.compile(r"(?:^|,)gres/gpu=([0-9]+)")
+_CPU_TRES_RE = re.compile(r"(?:^|,)cpu=([0-9]+)")
+_MEM_TRES_RE = re.compile(r"(?:^|,)mem=([0-9.]+[KMGT]?)")
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -54,6 +57,10 @@ class AcctJob:
     cpu_time_s: float | None  # CPU time the job's processes used (TotalCPU)
     max_rss_bytes: int | None  # the largest resident set of any of its steps
     gpus: int  # GPUs allocated (gres/gpu in AllocTRES)
+    # AllocTRES's cpu= and mem= (the whole allocation), and the job's Slurm account.
+    cpus: int | None = None
+    mem_bytes: int | None = None
+    account: str = ""
 
 
 def parse_duration(text: str) -> float | None:
@@ -119,6 +126,8 @@ def parse_sacct(text: str) -> dict[str, AcctJob]:
     jobs = {}
     for job_id, row in allocations.items():
         gpus = _GPU_TRES_RE.search(row["alloc_tres"])
+        cpus = _CPU_TRES_RE.search(row["alloc_tres"])
+        mem = _MEM_TRES_RE.search(row["alloc_tres"])
         jobs[job_id] = AcctJob(
             job_id=job_id,
             # "CANCELLED by 0" -> CANCELLED
@@ -131,6 +140,9 @@ def parse_sacct(text: str) -> dict[str, AcctJob]:
             cpu_time_s=cpu.get(job_id),
             max_rss_bytes=rss.get(job_id) or parse_size(row["max_rss"]),
             gpus=int(gpus.group(1)) if gpus else 0,
+            cpus=int(cpus.group(1)) if cpus else None,
+            mem_bytes=(parse_size(mem.group(1)) or None) if mem else None,  # mem=0: none
+            account=row["account"].strip(),
         )
     return jobs
 

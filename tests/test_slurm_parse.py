@@ -221,12 +221,12 @@ def test_ids_and_names_are_matched_whole():
 # `sacct --parsable2 --noheader --noconvert --allusers --format=<slurm.accounting>` on a
 # local cluster: a finished job with its steps, a failed one, an array's tasks.
 SACCT = """\
-3|COMPLETED|0:0|2026-12-04T16:29:20|2026-12-04T16:29:22|2026-12-04T16:29:25|3|00:00.197||billing=1,cpu=1,gres/gpu=8,node=1
-3.batch|COMPLETED|0:0|2026-12-04T16:29:22|2026-12-04T16:29:22|2026-12-04T16:29:25|3|00:00.197|95391744|cpu=1,mem=0,node=1
-3.0|COMPLETED|0:0|2026-12-04T16:29:22|2026-12-04T16:29:22|2026-12-04T16:29:25|3|01:02.5|120000K|cpu=1,mem=0,node=1
-4|FAILED|3:0|2026-12-04T16:29:12|2026-12-04T16:29:12|2026-12-04T16:29:12|0|00:00.001||billing=1,cpu=1,node=1
-5_1|CANCELLED by 0|0:15|2026-12-04T16:30:00|None|2026-12-04T16:31:00|0|||billing=1,cpu=1,node=1
-5_[2-9]|PENDING|0:0|2026-12-04T16:30:00|Unknown|Unknown|0|||billing=1,cpu=1,node=1
+3|COMPLETED|0:0|2026-12-04T16:29:20|2026-12-04T16:29:22|2026-12-04T16:29:25|3|00:00.197||billing=1,cpu=4,gres/gpu=8,mem=4000M,node=1|llm
+3.batch|COMPLETED|0:0|2026-12-04T16:29:22|2026-12-04T16:29:22|2026-12-04T16:29:25|3|00:00.197|95391744|cpu=1,mem=0,node=1|llm
+3.0|COMPLETED|0:0|2026-12-04T16:29:22|2026-12-04T16:29:22|2026-12-04T16:29:25|3|01:02.5|120000K|cpu=1,mem=0,node=1|llm
+4|FAILED|3:0|2026-12-04T16:29:12|2026-12-04T16:29:12|2026-12-04T16:29:12|0|00:00.001||billing=1,cpu=1,node=1|
+5_1|CANCELLED by 0|0:15|2026-12-04T16:30:00|None|2026-12-04T16:31:00|0|||billing=1,cpu=1,node=1|
+5_[2-9]|PENDING|0:0|2026-12-04T16:30:00|Unknown|Unknown|0|||billing=1,cpu=1,node=1|
 """
 
 
@@ -240,6 +240,9 @@ def test_sacct_records_fold_steps_into_their_job():
     assert done.max_rss_bytes == 120000 * 1024  # the largest step's
     assert done.cpu_time_s == 0.197  # the allocation's TotalCPU sums its steps
     assert done.start_time == parse_time("2026-12-04T16:29:22")
+    # AllocTRES's cpu= and mem=, and the account: what efficiency and usage need.
+    assert (done.cpus, done.mem_bytes, done.account) == (4, 4000 * 2**20, "llm")
+    assert (jobs["4"].cpus, jobs["4"].mem_bytes, jobs["4"].account) == (1, None, "")
     assert (jobs["4"].state, jobs["4"].exit_code, jobs["4"].max_rss_bytes) == (
         "FAILED",
         "3:0",

@@ -3,6 +3,7 @@ from datetime import datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from ..efficiency import job_efficiency
 from ..models import Job, JobEvent
 
 
@@ -18,6 +19,21 @@ class JobEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ["time", "state", "reason", "cause"]
+
+
+class JobEfficiencySerializer(serializers.Serializer):
+    """What seff prints for a finished job (null until accounting has its record)."""
+
+    cpu_efficiency = serializers.FloatField(
+        allow_null=True, help_text="CPU time / (elapsed x allocated CPUs), 0-1"
+    )
+    cpu_hours = serializers.FloatField(help_text="Allocated CPUs x elapsed, hours")
+    memory_efficiency = serializers.FloatField(
+        allow_null=True, help_text="Peak resident memory / allocated memory, 0-1"
+    )
+    max_rss_bytes = serializers.IntegerField(allow_null=True)
+    mem_allocated_bytes = serializers.IntegerField(allow_null=True)
+    gpu_hours = serializers.FloatField(help_text="Allocated GPUs x elapsed, hours")
 
 
 class JobSerializer(serializers.Serializer):
@@ -56,6 +72,14 @@ class JobSerializer(serializers.Serializer):
     gpus_allocated = serializers.IntegerField(
         allow_null=True, help_text="GPUs allocated (accounting's gres/gpu TRES)"
     )
+    cpus_allocated = serializers.IntegerField(
+        allow_null=True, help_text="CPUs allocated (accounting's cpu TRES)"
+    )
+    mem_allocated_bytes = serializers.IntegerField(
+        allow_null=True, help_text="Memory allocated, bytes (accounting's mem TRES)"
+    )
+    account = serializers.CharField(help_text="Slurm account (accounting); empty until known")
+    efficiency = JobEfficiencySerializer(allow_null=True)
     array_task_id = serializers.IntegerField(allow_null=True)
     recipe = serializers.CharField(help_text="Empty unless a recipe launched it")
     register_as = serializers.CharField(help_text="Model the final checkpoint registers under")
@@ -96,6 +120,9 @@ JOB_ROW_FIELDS = (
     "cpu_time_s",
     "max_rss_bytes",
     "gpus_allocated",
+    "cpus_allocated",
+    "mem_allocated_bytes",
+    "account",
     "array_task_id",
     "recipe",
     "register_as",
@@ -132,6 +159,17 @@ def job_row_representation(row: dict) -> dict:
         "cpu_time_s": row["cpu_time_s"],
         "max_rss_bytes": row["max_rss_bytes"],
         "gpus_allocated": row["gpus_allocated"],
+        "cpus_allocated": row["cpus_allocated"],
+        "mem_allocated_bytes": row["mem_allocated_bytes"],
+        "account": row["account"],
+        "efficiency": job_efficiency(
+            elapsed_s=row["elapsed_s"],
+            cpu_time_s=row["cpu_time_s"],
+            cpus=row["cpus_allocated"] or row["cpus"],
+            max_rss_bytes=row["max_rss_bytes"],
+            mem_bytes=row["mem_allocated_bytes"],
+            gpus=row["gpus_allocated"],
+        ),
         "array_task_id": row["array_task_id"],
         "recipe": row["recipe"],
         "register_as": row["register_as"],
@@ -189,3 +227,33 @@ class JobOutputSerializer(serializers.Serializer):
     data = serializers.CharField()
     eof = serializers.BooleanField()
     available = serializers.BooleanField()
+
+
+class UsageFiguresSerializer(serializers.Serializer):
+    gpu_hours = serializers.FloatField(help_text="Allocated GPUs x elapsed, hours")
+    cpu_hours = serializers.FloatField(help_text="Allocated CPUs x elapsed, hours (CPUTimeRAW)")
+    jobs = serializers.IntegerField(help_text="Jobs that ended in the bucket")
+
+
+class UsageRowSerializer(UsageFiguresSerializer):
+    group = serializers.CharField(help_text="The user, account or partition")
+    bucket = serializers.DateField(help_text="The day, or the Monday of the week")
+
+
+class UsageGroupSerializer(UsageFiguresSerializer):
+    group = serializers.CharField()
+
+
+class UsageSerializer(serializers.Serializer):
+    cluster = serializers.CharField()
+    group_by = serializers.ChoiceField(choices=["user", "account", "partition"])
+    bucket = serializers.ChoiceField(choices=["day", "week"])
+    start = serializers.DateField()
+    end = serializers.DateField(help_text="Inclusive")
+    attribution = serializers.CharField(
+        help_text="end: a job counts whole in the bucket of the day (UTC) it ended"
+    )
+    buckets = serializers.ListField(child=serializers.DateField(), help_text="Every bucket")
+    rows = UsageRowSerializer(many=True, help_text="Per group and bucket; empty ones left out")
+    groups = UsageGroupSerializer(many=True, help_text="Per group, the whole window")
+    totals = UsageFiguresSerializer()

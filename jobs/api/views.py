@@ -15,7 +15,7 @@ from mtc.numbers import is_whole_number
 from slurm import SlurmError
 from slurm.queue import JOB_ID_RE
 
-from .. import selectors, services
+from .. import selectors, services, usage
 from ..filtersets import JobFilterSet
 from ..models import Job
 from .serializers import (
@@ -24,6 +24,7 @@ from .serializers import (
     JobOutputSerializer,
     JobSerializer,
     JobSubmitSerializer,
+    UsageSerializer,
     job_row_representation,
 )
 
@@ -164,3 +165,39 @@ class JobOutputView(ClusterJobsMixin, GenericAPIView):
             )
         job = self.job()
         return Response(selectors.job_output(job, stream=stream, offset=int(raw_offset)))
+
+
+class UsageView(GenericAPIView):
+    serializer_class = UsageSerializer
+
+    @extend_schema(
+        operation_id="usage_list",
+        tags=["usage"],
+        parameters=[
+            OpenApiParameter("cluster", str, required=True, description="The cluster's id"),
+            OpenApiParameter("group_by", str, enum=list(usage.GROUP_BYS), default="user"),
+            OpenApiParameter("bucket", str, enum=list(usage.BUCKETS), default="day"),
+            OpenApiParameter(
+                "start", {"type": "string", "format": "date"}, description="Default: end - 29 d"
+            ),
+            OpenApiParameter(
+                "end", {"type": "string", "format": "date"}, description="Inclusive; default today"
+            ),
+        ],
+        responses={200: UsageSerializer, **errors(400, 404)},
+        description=(
+            "GPU-hours, CPU-hours and job counts per user, account or partition and per "
+            "day or week, from the accounting figures of finished jobs. A job counts in "
+            "the bucket of the day (UTC) it ended. Users see their own jobs, operators all."
+        ),
+    )
+    def get(self, request):
+        try:
+            cluster_id, values = usage.usage_query_parse(request.query_params)
+        except usage.UsageError as exc:
+            raise ApiError(
+                code="INVALID_ARGUMENT", message=f"Invalid usage request: {exc}", fields=exc.fields
+            ) from exc
+        cluster = get_object_or_404(Cluster, cluster_id=cluster_id)
+        query = usage.UsageQuery(cluster=cluster, **values)
+        return Response(usage.usage_report(request.user, query))
