@@ -170,3 +170,30 @@ def test_a_failed_mount_fails_the_node_and_says_which(tmp_path):
     assert run.returncode == 1 and "after" not in run.stdout
     assert "mount 10.50.0.2:/home on" in run.stderr and "Connection timed out" in run.stderr
     assert reported.read_text().startswith("state=failed: mount 10.50.0.2:/home on ")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("key", ["a3-ultra-pretraining", "a4-pretraining", "a3-mega-finetuning"])
+def test_reference_architectures_ask_mtc_to_make_storage_the_api_would_take(key, settings):
+    """No placeholder IPs: every reference architecture's Filestore and Lustre are made
+    by mtc, with bodies the recording endpoint's shape checks accept (no typed client)."""
+    from clusters.providers.gce.provider import plan_describe
+    from clusters.reference_architectures import architecture_get
+
+    from .gce_fake import FakeCompute
+
+    settings.MTC_GCE_PROJECT = "my-project"
+    spec = architecture_get(key).build_spec()
+    assert "ip" not in spec["storage"]["home"]
+    assert all("ip" not in item for item in spec["storage"]["lustre"])
+    steps = plan_describe(spec)["storage"]
+    methods = [s["method"] for s in steps]
+    assert methods == [
+        "servicenetworking.services.connections.create",
+        "file.instances.create",
+        "lustre.instances.create",
+    ]
+    fake = FakeCompute()
+    fake.connections[steps[0]["body"]["network"]] = {}
+    assert fake._storage_shape("file", steps[1]["body"]) == ""
+    assert fake._storage_shape("lustre", steps[2]["body"]) == ""
