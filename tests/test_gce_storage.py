@@ -197,3 +197,25 @@ def test_reference_architectures_ask_mtc_to_make_storage_the_api_would_take(key,
     fake.connections[steps[0]["body"]["network"]] = {}
     assert fake._storage_shape("file", steps[1]["body"]) == ""
     assert fake._storage_shape("lustre", steps[2]["body"]) == ""
+
+
+def test_the_wizard_storage_step_can_ask_mtc_to_make_storage():
+    from clusters.wizard_forms import StorageForm
+
+    form = StorageForm(
+        {"home_share": "home", "lustre_filesystem": "lfs", "lustre_mount_point": "/mnt/lustre"}
+    )
+    assert not form.is_valid()
+    assert set(form.errors) == {"lustre_tier", "lustre_capacity_gib"}  # mtc makes it
+    form = StorageForm({"home_type": "nfs", "home_share": "home"})
+    assert not form.is_valid() and "home_ip" in form.errors  # an NFS server needs its IP
+    form = StorageForm(
+        {
+            "home_share": "home",
+            "lustre_filesystem": "lfs",
+            "lustre_mount_point": "/mnt/lustre",
+            "lustre_tier": "500",
+            "lustre_capacity_gib": "18000",
+        }
+    )
+    assert form.is_valid(), form.errors
