@@ -95,10 +95,10 @@ def _gce_spec(
             },
         ],
         "storage": {
-            "home": {"type": "filestore", "ip": "10.0.0.2", "share": "home"},
+            # Both made by mtc with the cluster (addresses read back at create).
+            "home": {"type": "filestore", "share": "home", "tier": "BASIC_SSD"},
             "lustre": [
                 {
-                    "ip": "10.1.0.5",
                     "filesystem": "lfs",
                     "mount_point": "/mnt/lustre",
                     "performance_tier_mbps_per_tib": lustre_tier,

@@ -40,6 +40,7 @@ BOOT_DISK_TYPES = ("pd-standard", "pd-balanced", "pd-ssd", "hyperdisk-balanced")
 HYPERDISK_ONLY_FAMILIES = ("a3-ultragpu-", "a4-highgpu-", "a4x-highgpu-")
 GCE_MAX_NAME = 63  # an instance name, and so the node's hostname
 LUSTRE_TIERS = (125, 250, 500, 1000)
+INSTANCE_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
 # Slurm settings that mtc itself owns (ports, paths, auth): a spec may not override them.
 RESERVED_SLURM_KEYS = {
     "clustername",
@@ -400,9 +401,39 @@ def _check_storage(c: _Checker, storage: Any) -> None:
 
     home = c.obj(storage.get("home"), "storage.home", required=False)
     if home is not None:
-        c.unknown(home, {"type", "ip", "share"}, "storage.home")
-        c.string(home.get("type"), "storage.home.type", choices=("filestore", "nfs"))
-        c.string(home.get("ip"), "storage.home.ip", pattern=IPV4_RE, hint="An IPv4 address.")
+        # Filestore: ``instance`` names one to check, neither it nor ``ip`` asks mtc to
+        # make one (``tier``, ``capacity_gib``); ``ip`` is a server mtc does not manage.
+        c.unknown(home, {"type", "ip", "share", "instance", "tier", "capacity_gib"}, "storage.home")
+        kind = c.string(home.get("type"), "storage.home.type", choices=("filestore", "nfs"))
+        c.string(
+            home.get("ip"),
+            "storage.home.ip",
+            required=kind == "nfs",
+            pattern=IPV4_RE,
+            hint="An IPv4 address.",
+        )
+        c.string(
+            home.get("instance"),
+            "storage.home.instance",
+            required=False,
+            pattern=INSTANCE_RE,
+            hint="A Filestore instance id in the cluster's zone.",
+        )
+        if home.get("ip") and home.get("instance"):
+            c.fail("storage.home.instance", "Name an instance or give an ip, not both.")
+        c.string(
+            home.get("tier"),
+            "storage.home.tier",
+            required=False,
+            choices=("BASIC_HDD", "BASIC_SSD", "ZONAL", "REGIONAL"),
+        )
+        c.integer(
+            home.get("capacity_gib"),
+            "storage.home.capacity_gib",
+            required=False,
+            minimum=1024,
+            maximum=102400,
+        )
         c.string(
             home.get("share"),
             "storage.home.share",
@@ -417,10 +448,33 @@ def _check_storage(c: _Checker, storage: Any) -> None:
             continue
         c.unknown(
             item,
-            {"ip", "filesystem", "mount_point", "performance_tier_mbps_per_tib", "capacity_gib"},
+            {
+                "ip",
+                "instance",
+                "filesystem",
+                "mount_point",
+                "performance_tier_mbps_per_tib",
+                "capacity_gib",
+            },
             path,
         )
-        c.string(item.get("ip"), f"{path}.ip", pattern=IPV4_RE, hint="An IPv4 address.")
+        # As for Filestore: ``instance`` is checked, neither it nor ``ip`` is made by mtc.
+        c.string(
+            item.get("ip"), f"{path}.ip", required=False, pattern=IPV4_RE, hint="An IPv4 address."
+        )
+        c.string(
+            item.get("instance"),
+            f"{path}.instance",
+            required=False,
+            pattern=INSTANCE_RE,
+            hint="A Managed Lustre instance id in the cluster's zone.",
+        )
+        if item.get("ip") and item.get("instance"):
+            c.fail(f"{path}.instance", "Name an instance or give an ip, not both.")
+        made = not item.get("ip") and not item.get("instance")
+        for key in ("performance_tier_mbps_per_tib", "capacity_gib"):
+            if made and item.get(key) is None:
+                c.fail(f"{path}.{key}", "Required when mtc makes the instance.")
         c.string(
             item.get("filesystem"),
             f"{path}.filesystem",

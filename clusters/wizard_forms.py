@@ -247,6 +247,7 @@ class StorageForm(forms.Form):
     home_ip = forms.CharField(
         label="/home server IP",
         required=False,
+        help_text="Empty for Filestore: mtc makes the instance.",
         max_length=15,
         validators=[_regex(IPV4_RE, "An IPv4 address.")],
     )
@@ -259,6 +260,7 @@ class StorageForm(forms.Form):
     lustre_ip = forms.CharField(
         label="Lustre IP",
         required=False,
+        help_text="Empty: mtc makes the instance (give tier and capacity).",
         max_length=15,
         validators=[_regex(IPV4_RE, "An IPv4 address.")],
     )
@@ -310,21 +312,26 @@ class StorageForm(forms.Form):
                 self.add_error(name, message)
 
         if given("home_ip") or given("home_share"):
-            need("home_ip", "Give both the server IP and the share for /home.")
-            need("home_share", "Give both the server IP and the share for /home.")
             data["home_type"] = data.get("home_type") or "filestore"
+            # Filestore without an IP: mtc makes the instance; an NFS server needs its IP.
+            if data["home_type"] == "nfs":
+                need("home_ip", "Give both the server IP and the share for /home.")
+            need("home_share", "Give both the server IP and the share for /home.")
         lustre_set = any(
             given(n)
             for n in ("lustre_ip", "lustre_filesystem", "lustre_tier", "lustre_capacity_gib")
         )
         if lustre_set:
-            for name in ("lustre_ip", "lustre_filesystem", "lustre_mount_point"):
+            for name in ("lustre_filesystem", "lustre_mount_point"):
                 need(name, "Required for a Lustre mount.")
+            if not given("lustre_ip"):  # mtc makes the instance: it needs size and tier
+                for name in ("lustre_tier", "lustre_capacity_gib"):
+                    need(name, "Required for a Lustre mount. (No IP: mtc makes it.)")
         if given("gcs_mount_point"):
             need("gcs_bucket", "Name the bucket to mount.")
         if data.get("gcs_bucket") and not given("gcs_mount_point"):
             data["gcs_mount_point"] = f"/gcs/{data['gcs_bucket']}"
-        mounts = {"/home": "home"} if given("home_ip") else {}
+        mounts = {"/home": "home"} if given("home_ip") or given("home_share") else {}
         for name, used in (("lustre_mount_point", lustre_set), ("gcs_mount_point", True)):
             point = data.get(name)
             if not point or not used:
@@ -470,18 +477,20 @@ def build_spec(data: dict[str, Any]) -> dict:
     spec["node_pools"] = node_pools
 
     store: dict[str, Any] = {}
-    if storage.get("home_ip"):
+    if storage.get("home_share"):  # no IP: mtc makes the Filestore instance
         store["home"] = {
             "type": storage.get("home_type") or "filestore",
-            "ip": storage["home_ip"],
             "share": storage["home_share"],
         }
-    if storage.get("lustre_ip"):
+        if storage.get("home_ip"):
+            store["home"]["ip"] = storage["home_ip"]
+    if storage.get("lustre_filesystem"):  # no IP: mtc makes the Lustre instance
         lustre = {
-            "ip": storage["lustre_ip"],
             "filesystem": storage["lustre_filesystem"],
             "mount_point": storage["lustre_mount_point"],
         }
+        if storage.get("lustre_ip"):
+            lustre = {"ip": storage["lustre_ip"], **lustre}
         if storage.get("lustre_tier"):
             lustre["performance_tier_mbps_per_tib"] = storage["lustre_tier"]
         if storage.get("lustre_capacity_gib"):

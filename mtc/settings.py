@@ -381,6 +381,16 @@ MTC_GCE_MONITORING_ENDPOINT = os.environ.get("MTC_GCE_MONITORING_ENDPOINT", "")
 MTC_GCE_DASHBOARD_ENDPOINT = os.environ.get(
     "MTC_GCE_DASHBOARD_ENDPOINT", "https://monitoring.googleapis.com"
 )
+# Storage APIs (REST JSON): Filestore, Managed Lustre, Service Networking; the tests
+# point each at their local endpoint. Lustre can take most of an hour to become ACTIVE.
+MTC_GCE_FILESTORE_ENDPOINT = os.environ.get(
+    "MTC_GCE_FILESTORE_ENDPOINT", "https://file.googleapis.com"
+)
+MTC_GCE_LUSTRE_ENDPOINT = os.environ.get("MTC_GCE_LUSTRE_ENDPOINT", "https://lustre.googleapis.com")
+MTC_GCE_SERVICENETWORKING_ENDPOINT = os.environ.get(
+    "MTC_GCE_SERVICENETWORKING_ENDPOINT", "https://servicenetworking.googleapis.com"
+)
+MTC_GCE_STORAGE_TIMEOUT_S = float(os.environ.get("MTC_GCE_STORAGE_TIMEOUT_S", "3600"))
 # mtc's own VPC and subnetwork: clusters go on it unless their spec names a network
 # (then it is peered with this one). MTC_GCE_CONTROL_ADDRESS: mtc's host as the cluster
 # sees it (the firewall rule to slurmctld); empty = the address of the default route.

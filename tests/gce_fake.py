@@ -22,6 +22,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 DASHBOARDS = re.compile(r"^/v1/projects/(?P<project>[^/]+)/dashboards(?:/(?P<name>[^/]+))?$")
+# Storage APIs, each under its own prefix (tests point each endpoint setting there).
+STORAGE = re.compile(
+    r"^/(?P<api>file|lustre)/v1/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+    r"/instances(?:/(?P<name>[^/]+))?$"
+)
+STORAGE_OPS = re.compile(r"^/(?P<api>file|lustre|servicenetworking)/v1/(?P<op>.*operations/.+)$")
+CONNECTIONS = "/servicenetworking/v1/services/servicenetworking.googleapis.com/connections"
+# reportHostAsFaulty: A3 Ultra and A4, reservation-bound (as Compute Engine documents).
+FAULTY_HOST_TYPES = {"a3-ultragpu-8g", "a4-highgpu-8g"}
 SCOPED = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)"
     r"(?:/(?P<scope>global|regions/[^/]+|zones/[^/]+))?/(?P<rest>.*)$"
@@ -58,6 +67,11 @@ class FakeCompute:
     reset_old_reads: int = 3
     reset_configuring_reads: int = 2
     booting: dict[str, list[int]] = field(default_factory=dict)  # name -> [old, configuring]
+    # Filestore and Lustre instances by (api, name); service-networking connections by
+    # network; storage operations by name (done on the second read).
+    storage: dict[tuple[str, str], dict] = field(default_factory=dict)
+    connections: dict[str, dict] = field(default_factory=dict)
+    storage_ops: dict[str, dict] = field(default_factory=dict)
     ids: itertools.count = field(default_factory=lambda: itertools.count(1000))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -151,6 +165,8 @@ class FakeCompute:
             dash = DASHBOARDS.match(url.path)
             if dash:
                 return self._dashboard(method, dash["project"], dash["name"], body)
+            if url.path.startswith(("/file/", "/lustre/", "/servicenetworking/")):
+                return self._storage_api(method, url.path, query, body)
             for i, (fail_method, part, status) in enumerate(self.fail_once):
                 if method == fail_method and part in url.path:
                     del self.fail_once[i]
@@ -204,6 +220,8 @@ class FakeCompute:
                 )
             ):
                 return self._peering(parts[2], name, scope, body or {})
+            if method == "POST" and len(parts) == 3 and parts[2] == "reportHostAsFaulty":
+                return self._report_faulty(name, scope, body or {})
             if method == "POST" and len(parts) == 3 and parts[2] == "reset":
                 if (kind, name) not in self.resources:
                     return 404, _error(404, "notFound", f"{kind}/{name}")
@@ -343,6 +361,166 @@ class FakeCompute:
                 return 200, {}
             return 200, self.dashboards[name]
         return 404, _error(404, "notFound", f"dashboard {name}")
+
+    def _report_faulty(self, name: str, scope: str, body: dict) -> tuple[int, dict]:
+        """instances.reportHostAsFaulty: the VM moves to another host and boots again;
+        refused for machine types and provisioning models Google does not support."""
+        inst = self.resources.get(("instances", name))
+        if inst is None:
+            return 404, _error(404, "notFound", f"instances/{name}")
+        template = self._template(inst.get("sourceInstanceTemplate", ""))
+        props = (template or {}).get("properties", {})
+        model = props.get("scheduling", {}).get("provisioningModel", "STANDARD")
+        if inst.get("machineType") not in FAULTY_HOST_TYPES or model != "RESERVATION_BOUND":
+            return 400, _error(
+                400,
+                "invalid",
+                f"reportHostAsFaulty is not supported for machine type "
+                f"'{inst.get('machineType')}' with provisioning model '{model}'.",
+            )
+        reasons = body.get("faultReasons") or []
+        if body.get("disruptionSchedule") not in ("IMMEDIATE", "FUTURE") or not reasons:
+            return 400, _error(400, "invalid", "disruptionSchedule and faultReasons required")
+
+        def moved() -> None:
+            inst["boot"] = inst.get("boot", 1) + 1
+            inst["host"] = inst.get("host", 0) + 1
+            self.booting[name] = [self.reset_old_reads, self.reset_configuring_reads]
+
+        return 200, self._operation("instances", name, "reportHostAsFaulty", scope, on_done=moved)
+
+    def _storage_op(self, api: str, prefix: str, on_done=None, error: str = "") -> dict:
+        op_name = f"{prefix}operations/op-{next(self.ids)}"
+        self.storage_ops[op_name] = {"reads": 0, "on_done": on_done, "error": error}
+        return {"name": op_name, "done": False}
+
+    def _storage_api(
+        self, method: str, path: str, query: dict, body: dict | None
+    ) -> tuple[int, dict]:
+        """Filestore v1, Managed Lustre v1 and Service Networking v1: create (a
+        long-running operation, then READY/ACTIVE), get, delete; 404 and 409."""
+        op = STORAGE_OPS.match(path)
+        if op and method == "GET":
+            entry = self.storage_ops.get(op["op"])
+            if entry is None:
+                return 404, _error(404, "notFound", op["op"])
+            entry["reads"] += 1
+            if entry["reads"] < 2:
+                return 200, {"name": op["op"], "done": False}
+            if entry["on_done"]:
+                entry["on_done"]()
+                entry["on_done"] = None
+            if entry["error"]:
+                return 200, {"name": op["op"], "done": True, "error": {"message": entry["error"]}}
+            return 200, {"name": op["op"], "done": True, "response": {}}
+        if path.startswith(CONNECTIONS):
+            return self._connections(method, path, query, body or {})
+        match = STORAGE.match(path)
+        if not match:
+            return 404, _error(404, "notFound", f"no route {path}")
+        api, name = match["api"], match["name"]
+        prefix = f"projects/{match['project']}/locations/{match['zone']}/"
+        if method == "POST" and name is None:
+            name = query.get("instanceId", "")
+            if (api, name) in self.storage:
+                return 409, _error(409, "alreadyExists", f"instance {name} exists")
+            refused = self._storage_shape(api, body or {})
+            if refused:
+                return 400, _error(400, "invalid", refused)
+            inst = {**(body or {}), "name": f"{prefix}instances/{name}", "state": "CREATING"}
+            self.storage[(api, name)] = inst
+            n = len(self.storage)
+            ip = f"10.{20 if api == 'file' else 30}.0.{n + 1}"
+
+            def ready() -> None:
+                if api == "file":
+                    inst["state"] = "READY"
+                    inst["networks"][0]["ipAddresses"] = [ip]
+                else:
+                    inst["state"] = "ACTIVE"
+                    inst["mountPoint"] = f"{ip}@tcp:/{inst['filesystem']}"
+
+            return 200, self._storage_op(api, prefix, on_done=ready)
+        inst = self.storage.get((api, name or ""))
+        if inst is None:
+            return 404, _error(404, "notFound", f"instance {name} not found")
+        if method == "GET":
+            return 200, inst
+        if method == "DELETE":
+            return 200, self._storage_op(
+                api, prefix, on_done=lambda: self.storage.pop((api, name), None)
+            )
+        return 400, _error(400, "invalid", f"unsupported {method} {path}")
+
+    def _storage_shape(self, api: str, body: dict) -> str:
+        """What the real API would refuse in a create body ('' when it takes it)."""
+        if api == "file":
+            shares, nets = body.get("fileShares") or [], body.get("networks") or []
+            if body.get("tier") not in ("BASIC_HDD", "BASIC_SSD", "ZONAL", "REGIONAL"):
+                return f"invalid tier {body.get('tier')}"
+            if len(shares) != 1 or not shares[0].get("name") or not shares[0].get("capacityGb"):
+                return "fileShares needs one share with name and capacityGb"
+            if len(nets) != 1 or not nets[0].get("network"):
+                return "networks needs one network"
+            psa = nets[0].get("connectMode") == "PRIVATE_SERVICE_ACCESS"
+            if psa and not self._has_connection(nets[0]["network"]):
+                return "private service access is not set up on the network"
+            return ""
+        for key in ("filesystem", "capacityGib", "network", "perUnitStorageThroughput"):
+            if not body.get(key):
+                return f"{key} is required"
+        if not self._has_connection(body["network"]):
+            return "private service access is not set up on the network"
+        return ""
+
+    def _has_connection(self, network: str) -> bool:
+        short = network.rsplit("/", 1)[-1]
+        return any(n.rsplit("/", 1)[-1] == short for n in self.connections)
+
+    def _connections(self, method: str, path: str, query: dict, body: dict) -> tuple[int, dict]:
+        prefix = ""  # Service Networking names its operations operations/<id>
+        if method == "GET":
+            conn = self.connections.get(query.get("network", ""))
+            return 200, {"connections": [conn] if conn else []}
+        ranges = body.get("reservedPeeringRanges")
+        if method == "POST" and path == CONNECTIONS:
+            if not body.get("network") or not ranges:
+                return 400, _error(400, "invalid", "network and reservedPeeringRanges required")
+            if body["network"] in self.connections:
+                return 409, _error(409, "alreadyExists", "connection exists")
+            missing = [
+                r for r in ranges if ("addresses", r) not in self.resources
+            ]  # global ones too
+            if missing:
+                return 400, _error(400, "invalid", f"no allocated range {missing[0]}")
+            conn = {
+                "network": body["network"],
+                "reservedPeeringRanges": list(ranges),
+                "peering": "servicenetworking-googleapis-com",
+                "service": "services/servicenetworking.googleapis.com",
+            }
+
+            def made() -> None:
+                self.connections[body["network"]] = conn
+
+            return 200, self._storage_op("servicenetworking", prefix, on_done=made)
+        if method == "PATCH":
+            conn = self.connections.get(body.get("network", ""))
+            if conn is None:
+                return 404, _error(404, "notFound", "no connection")
+            return 200, self._storage_op(
+                "servicenetworking",
+                prefix,
+                on_done=lambda: conn.update(reservedPeeringRanges=list(ranges or [])),
+            )
+        if method == "POST" and path.endswith(":deleteConnection"):
+            network = body.get("consumerNetwork", "")
+            if network not in self.connections:
+                return 404, _error(404, "notFound", "no connection")
+            return 200, self._storage_op(
+                "servicenetworking", prefix, on_done=lambda: self.connections.pop(network, None)
+            )
+        return 400, _error(400, "invalid", f"unsupported {method} {path}")
 
     def _reservation_refusal(self, props: dict, count: int) -> tuple[int, dict] | None:
         """What Compute Engine answers a VM its reservation cannot take (None: it fits)."""

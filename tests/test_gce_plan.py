@@ -59,7 +59,11 @@ def test_cli_plan_of_a3_ultra_shows_the_requests(tmp_path, capsys, settings):
 
     text = _plan_text(tmp_path, capsys)
     assert "22 Compute Engine and Cloud Monitoring requests for cluster a3u-pretrain" in text
-    assert "--- metadata startup-script:" in text and "mount_once 10.0.0.2:/home /home" in text
+    assert "--- metadata startup-script:" in text
+    # Storage mtc makes: its address is read back at create, never a placeholder IP.
+    assert "mount_once '<address read at create>:/home' /home" in text
+    assert "storage: file.instances.create" in text and "storage: lustre.instances.create" in text
+    assert "storage: servicenetworking.services.connections.create" in text
     assert "SlurmctldParameters=enable_configless" in text
 
 

@@ -5,6 +5,7 @@ tests/gce_fake.py, which answers like the API. Slurm on the cluster is FakeSlurm
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -13,7 +14,7 @@ from clusters.providers import get_provider
 from clusters.providers.gce import GceProvider
 from clusters.reference_architectures import architecture_get
 
-from .gce_fake import FakeCompute, FakeServer, FakeSlurm
+from .gce_fake import CONNECTIONS, FakeCompute, FakeServer, FakeSlurm
 
 CID = "a3u-pretrain"
 
@@ -32,6 +33,9 @@ def compute(transactional_db, settings, monkeypatch):
         settings.CELERY_TASK_ALWAYS_EAGER = True
         settings.MTC_GCE_API_ENDPOINT = server.url
         settings.MTC_GCE_DASHBOARD_ENDPOINT = server.url  # the same fake keeps dashboards
+        settings.MTC_GCE_FILESTORE_ENDPOINT = f"{server.url}/file"  # and storage
+        settings.MTC_GCE_LUSTRE_ENDPOINT = f"{server.url}/lustre"
+        settings.MTC_GCE_SERVICENETWORKING_ENDPOINT = f"{server.url}/servicenetworking"
         settings.MTC_GCE_CONTROL_ADDRESS = "10.128.0.9"
         # mtc's own VPC, there before any cluster (clusters go on it by default).
         fake.resources[("networks", "default")] = {"name": "default", "mtu": 1460}
@@ -83,6 +87,11 @@ def test_create_sends_network_placement_templates_and_bulk_insert(
         *["POST subnetworks"] * 8,
         "POST addresses",  # the controller's
         "POST addresses",  # private services access
+        # Storage the spec asks for, after the range it needs, before the templates
+        # whose startup scripts mount it at its real address.
+        f"POST {CONNECTIONS}",
+        "POST /file/v1/projects/mtc-test/locations/us-central1-a/instances",  # <id>-home
+        "POST /lustre/v1/projects/mtc-test/locations/us-central1-a/instances",  # <id>-lfs
         *["POST firewalls"] * 4,
         "POST instanceTemplates",
         "POST instanceTemplates",
@@ -110,7 +119,22 @@ def test_create_sends_network_placement_templates_and_bulk_insert(
     assert compute.reservations["a3u-reservation"]["inUseCount"] == 4
     assert gpu["labels"]["mtc-cluster"] == CID
     metadata = {item["key"]: item["value"] for item in gpu["metadata"]["items"]}
-    assert "mount -t" in metadata["startup-script"] or "mount_once" in metadata["startup-script"]
+    # Mounts use the addresses read back from the instances, never placeholders.
+    home = compute.storage[("file", f"{CID}-home")]
+    lustre = compute.storage[("lustre", f"{CID}-lfs")]
+    assert home["state"] == "READY" and lustre["state"] == "ACTIVE"
+    assert (
+        f"mount_once {home['networks'][0]['ipAddresses'][0]}:/home /home nfs"
+        in (metadata["startup-script"])
+    )
+    assert f"mount_once {lustre['mountPoint']} /mnt/lustre lustre" in metadata["startup-script"]
+    assert "read at create" not in json.dumps(templates)
+    assert home["tier"] == "BASIC_SSD" and home["fileShares"][0]["capacityGb"] == "2560"
+    assert home["networks"][0]["connectMode"] == "PRIVATE_SERVICE_ACCESS"
+    assert home["networks"][0]["reservedIpRange"] == f"{CID}-psa"
+    assert lustre["perUnitStorageThroughput"] == "500" and lustre["capacityGib"] == "36000"
+    (connection,) = compute.connections.values()
+    assert connection["reservedPeeringRanges"] == [f"{CID}-psa"]
     assert "--conf-server a3u-pretrain-controller" in metadata["startup-script"]
     assert "Gres=gpu:h200:8" in metadata["startup-script"]
     assert len(metadata["mtc-munge-key"]) > 1000  # the real key, base64
@@ -196,16 +220,44 @@ def test_repairs_reset_recreate_and_replace(compute, operator_api):
     (insert,) = [r for r in compute.requests if r.call == "POST instances"]
     assert insert.body == {"name": node.name}
     assert insert.query["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-a3u")
+    assert compute.resources[("instances", node.name)]["id"] != before  # a new VM
     compute.clear_log()
 
+    # A3 Ultra from a reservation: Google moves the VM off its host on request, and
+    # mtc waits for the new boot (the old boot's attributes outlive the move).
     provider_id = provider.replace_node(cluster, node)
+    (faulty,) = compute.writes()
+    assert faulty.call == f"POST instances/{node.name}/reportHostAsFaulty"
+    assert faulty.body["disruptionSchedule"] == "IMMEDIATE" and faulty.body["faultReasons"]
+    inst = compute.resources[("instances", node.name)]
+    assert inst["host"] == 1 and compute.booting[node.name][0] == 0  # new boot seen
+    assert provider_id.endswith(f"#{inst['id']}")
+
+
+def test_replace_deletes_and_inserts_where_google_has_no_faulty_host_report(compute, operator_api):
+    spec = a3u_spec(1)
+    pool = next(p for p in spec["node_pools"] if p["id"] == "a3u")
+    pool["provisioning_model"] = "STANDARD"  # not reservation-bound
+    del pool["machine_spec"]["reservation_affinity"]
+    op = operation(operator_api, operator_api.post("/api/v1/clusters", spec, format="json"))
+    assert op["state"] == "SUCCEEDED", op
+    cluster = Cluster.objects.get(cluster_id=CID)
+    node = cluster.nodes.select_related("pool").get(index=0)
+    before = compute.resources[("instances", node.name)]["id"]
+    compute.clear_log()
+    provider_id = get_provider("gce").replace_node(cluster, node)
     after = compute.resources[("instances", node.name)]["id"]
     assert after != before and provider_id.endswith(f"#{after}")
-    assert compute.calls("DELETE") == [f"DELETE instances/{node.name}"]
     assert [r.call for r in compute.writes()] == [
         f"DELETE instances/{node.name}",
         "POST instances",
     ]
+    # The fake refuses the report for this VM, as Compute Engine does.
+    from clusters.providers.base import ProviderError
+    from clusters.providers.gce import repairs
+
+    with pytest.raises(ProviderError, match="not supported for machine type"):
+        get_provider("gce").api(cluster).send(repairs.faulty_host_request(node.name))
 
 
 def test_a_reboot_repair_drains_resets_and_returns_the_node(compute, operator_api):
@@ -250,9 +302,11 @@ def test_delete_removes_everything_create_made(compute, operator_api):
     deleted = {
         tuple(r.call.split(" ", 1)[1].split("/")[:2])
         for r in compute.writes()
-        if "/dashboards" not in r.path
+        if "/dashboards" not in r.path and r.path.startswith("/compute/")
     }
     assert deleted == made  # exactly what create made, nothing else
+    # Filestore and Lustre mtc made are gone, and the peering it made with them.
+    assert compute.storage == {} and compute.connections == {}
     assert not Cluster.objects.filter(cluster_id=CID).exists()
     # Run again (a delete whose worker died at the end): every 404 counts as done.
     compute.clear_log()

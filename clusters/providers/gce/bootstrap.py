@@ -49,11 +49,16 @@ def _mounts(storage: dict) -> str:
             "mount_once "
             + " ".join(
                 shlex.quote(s)
-                for s in (f"{home['ip']}:/{home['share']}", "/home", "nfs", "defaults,_netdev")
+                for s in (
+                    f"{home.get('ip', '')}:/{home['share']}",
+                    "/home",
+                    "nfs",
+                    "defaults,_netdev",
+                )
             )
         )
     for lustre in storage.get("lustre", []):
-        source = f"{lustre['ip']}@tcp:/{lustre['filesystem']}"
+        source = f"{lustre.get('ip', '')}@tcp:/{lustre['filesystem']}"
         lines.append(
             "mount_once "
             + " ".join(

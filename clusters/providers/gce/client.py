@@ -187,6 +187,17 @@ class ComputeApi:
                     if request.verb == "removePeering":
                         fn = client.remove_peering_unary
                     op = self._call(where, fn, network=request.name, **{arg: body}, **args)
+                elif request.verb == "reportHostAsFaulty":
+                    body = compute_v1.InstancesReportHostAsFaultyRequest.from_json(
+                        json.dumps(request.body)
+                    )
+                    op = self._call(
+                        where,
+                        client.report_host_as_faulty_unary,
+                        instance=request.name,
+                        instances_report_host_as_faulty_request_resource=body,
+                        **args,
+                    )
                 else:  # delete, reset: act on one named resource
                     fn = getattr(client, f"{request.verb}_unary")
                     op = self._call(where, fn, **{kind.name_arg: request.name}, **args)

@@ -237,7 +237,11 @@ def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
         )
     )
     psa = net.get("private_service_access")
-    if psa:
+    from .storage import needs_private_services  # storage reads networks' primary_network
+
+    if psa is None and needs_private_services(spec):
+        psa = {}  # mtc makes Filestore or Lustre: they need a range (default /20)
+    if psa is not None:
         name = names.psa_range_name(cid)
         requests.append(
             ApiRequest(

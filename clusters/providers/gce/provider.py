@@ -24,7 +24,7 @@ from slurm import SlurmClient, SlurmError
 
 from .. import munge
 from ..base import Provider, ProviderError
-from . import access, dashboard, names, plan
+from . import access, dashboard, names, plan, repairs, storage
 from .bootstrap import slurm_conf
 from .client import ComputeApi
 
@@ -186,6 +186,7 @@ class GceProvider(Provider):
         for request in plan.network_requests(spec, target):
             self._ensure_network_piece(cluster, api, request)
         controller_ip = self._controller_ip(cluster, api)
+        spec = self._ensure_storage(cluster, target)  # the mounts need the real addresses
         key = self._ensure_client_side(cluster)
         pools = {p["id"]: p for p in spec["node_pools"]}
         existing = api.instances(cluster.cluster_id)
@@ -214,6 +215,23 @@ class GceProvider(Provider):
             else:
                 api.send(request)
         self._record_instance_ids(cluster, api, nodes)
+
+    def _ensure_storage(self, cluster: Cluster, target: plan.Target) -> dict:
+        """Filestore and Lustre made (recorded first, so delete finds them) or checked;
+        the spec with each one's address, as read back, for the startup scripts."""
+        spec = cluster.spec
+
+        def record(kind: str, name: str) -> None:
+            made = dict((cluster.provider_state or {}).get("storage", {}))
+            if kind == "connection":
+                made[kind] = made.get(kind) or name  # made, or extended with our range
+            elif name not in made.get(kind, []):
+                made[kind] = [*made.get(kind, []), name]
+            self._remember(cluster, storage=made)
+
+        if storage.needs_private_services(spec):
+            storage.ensure_connection(spec, target, lambda how: record("connection", how))
+        return storage.with_ips(spec, storage.ensure(spec, target, record))
 
     def dashboard_url(self, cluster: Cluster) -> str:
         """The cluster's Cloud Monitoring dashboard in the console ("" before create)."""
@@ -353,6 +371,8 @@ class GceProvider(Provider):
             plan.ApiRequest("firewalls", "delete", "global", r.name)
             for r in plan.firewall_requests(spec, target)
         ]
+        # Storage before the range and network it uses; only what mtc made.
+        storage.delete(spec, target, state.get("storage", {}))
         created = self._created(cluster)
         for peering in created.get("peerings", []):
             network, name = peering.split("/", 1)
@@ -407,12 +427,13 @@ class GceProvider(Provider):
         api = self.api(cluster)
         before = api.guest_attributes(node.name).get("boot", "")
         api.send(plan.ApiRequest("instances", "reset", "zone", node.name))
+        self._await_new_boot(api, node, before, "instances.reset")
+
+    def _await_new_boot(self, api: ComputeApi, node: Node, before: str, after: str) -> None:
         deadline = time.monotonic() + self.repair_ready_timeout_s
         while api.guest_attributes(node.name).get("boot", before) in (before, ""):
             if time.monotonic() > deadline:
-                raise ProviderError(
-                    f"{node.name} did not boot again after instances.reset", code="TIMEOUT"
-                )
+                raise ProviderError(f"{node.name} did not boot again after {after}", code="TIMEOUT")
             time.sleep(settings.MTC_GCE_POLL_S)
 
     def reimage_node(self, cluster: Cluster, node: Node) -> None:
@@ -420,8 +441,19 @@ class GceProvider(Provider):
         self._recreate(cluster, node)
 
     def replace_node(self, cluster: Cluster, node: Node) -> str:
-        """A new VM under the same name; Compute Engine places it on a new host."""
-        return self._recreate(cluster, node)
+        """reportHostAsFaulty where Google supports it (repairs.py: the VM moves to a
+        healthy host, keeping its reservation), else a new VM under the same name. Then
+        the new boot is awaited as after a reset; the health agent's checks run at boot
+        before slurmd starts, as on local."""
+        pool = next(p for p in cluster.spec["node_pools"] if p["id"] == node.pool.pool_id)
+        if not repairs.reports_faulty_host(pool):
+            return self._recreate(cluster, node)
+        api = self.api(cluster)
+        before = api.guest_attributes(node.name).get("boot", "")
+        api.send(repairs.faulty_host_request(node.name))
+        self._await_new_boot(api, node, before, "reportHostAsFaulty")
+        inst = api.instances(cluster.cluster_id).get(node.name)
+        return f"gce://{api.target.project}/{api.target.zone}/{node.name}#{inst.id if inst else ''}"
 
 
 def plan_describe(spec: dict) -> dict:
@@ -429,6 +461,7 @@ def plan_describe(spec: dict) -> dict:
     Works without a configured project (it shows a placeholder)."""
     target = target_for(spec, settings.MTC_GCE_PROJECT or "PROJECT_ID")
     accounts = access.node_accounts()
+    spec, storage_steps = storage.planned(spec, target)
     return {
         "project": target.project,
         "zone": target.zone,
@@ -447,4 +480,6 @@ def plan_describe(spec: dict) -> dict:
         "requests": [
             r.describe(target) for r in plan.cluster_plan(spec, target, accounts=accounts)
         ],
+        # Filestore, Lustre and their peering: sent after the network step (storage.py).
+        "storage": storage_steps,
     }

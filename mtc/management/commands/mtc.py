@@ -168,6 +168,12 @@ class Command(BaseCommand):
             for key, text in files.items():  # startup scripts and configs, as the node sees them
                 self.stdout.write(f"--- metadata {key}:\n{text.rstrip()}\n--- end {key}")
 
+        for request in described.get("storage", []):  # Filestore, Lustre, their peering
+            when = f"  ({request['when']})" if request.get("when") else ""
+            self.stdout.write(f"\nstorage: {request['method']}  {request['http']}{when}")
+            if "body" in request:
+                self.stdout.write(json.dumps(request["body"], indent=2))
+
     def cluster_create(self, opts) -> None:
         spec = self._read_spec(opts["file"])
         try:

@@ -20,9 +20,16 @@ report @@READY_KEY@@ booting
 report state configuring
 
 # --- shared storage from the spec -------------------------------------------------
+# A mount that fails fails the node, and says which mount and why (mtc shows the state).
 mount_once() {  # mount_once <what> <where> <type> <options>
   mkdir -p "$2"
-  mountpoint -q "$2" || mount -t "$3" -o "$4" "$1" "$2"
+  mountpoint -q "$2" && return 0
+  local err
+  if ! err=$(mount -t "$3" -o "$4" "$1" "$2" 2>&1); then
+    echo "mtc: mount $1 on $2 failed: $err" >&2
+    report state "failed: mount $1 on $2: ${err:0:200}"
+    exit 1
+  fi
 }
 @@MOUNTS@@
 
