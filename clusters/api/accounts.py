@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -63,7 +64,7 @@ def _account(name: str) -> SlurmAccount:
 
 
 class AccountListView(APIView):
-    permission_classes = [IsOperatorOrReadOnly]
+    permission_classes = [IsAuthenticated, IsOperatorOrReadOnly]
 
     @extend_schema(operation_id="accounts_list", responses={200: AccountSerializer(many=True)})
     def get(self, request):
@@ -86,7 +87,7 @@ class AccountListView(APIView):
 
 
 class AccountDetailView(APIView):
-    permission_classes = [IsOperatorOrReadOnly]
+    permission_classes = [IsAuthenticated, IsOperatorOrReadOnly]
 
     @extend_schema(operation_id="accounts_retrieve", responses={200: AccountSerializer})
     def get(self, request, name):
@@ -119,7 +120,7 @@ class AccountDetailView(APIView):
 
 
 class AccountUserView(APIView):
-    permission_classes = [IsOperatorOrReadOnly]
+    permission_classes = [IsAuthenticated, IsOperatorOrReadOnly]
 
     def _user(self, username):
         user = accounts.user_get(username)
