@@ -117,11 +117,11 @@ def job_submit(
         raise JobConflict(
             f"Cluster '{cluster.cluster_id}' is {cluster.state}; jobs need it RUNNING."
         )
+    # Which Slurm account (AccountError naming `account` when not theirs): checked
+    # before anything is made; its association is made on the first job there.
+    chosen = slurm_accounts.account_choose(user=owner, account=submission.account)
     account = job_account(owner)
     run_as = account if account is not None and account.isolated else None
-    # Which Slurm account (AccountError naming `account` when not theirs): checked
-    # before anything reaches Slurm; its association is made on the first job there.
-    chosen = slurm_accounts.account_choose(user=owner, account=submission.account)
     if owner is not None:
         submission = dataclasses.replace(submission, account=chosen)
         slurm_accounts.association_ensure(cluster=cluster, account=chosen, user=account.name)
