@@ -88,3 +88,17 @@ def test_submit_under_an_account_not_theirs_is_refused_before_slurm(cluster, use
     bad = user_api.post("/api/v1/clusters/pr/jobs", {**body, "account": "Bad!"}, format="json")
     assert set(bad.json()["error"]["fields"]) == {"account"}
     assert not Job.objects.exists()
+
+
+def test_submit_page_shows_an_account_not_theirs_beside_the_field(cluster, user):
+    from django.test import Client
+    from django.urls import reverse
+
+    SlurmAccount.objects.create(name="vision")
+    page = Client()
+    page.force_login(user)
+    form = {"name": "x", "script": "#!/bin/bash\ntrue\n", "nodes": 1, "ntasks_per_node": 1}
+    form.update(gpus_per_node=0, cpus_per_task=1, requeue="on", account="vision")
+    html = page.post(reverse("jobs:submit", args=["pr"]), form).content.decode()
+    assert "You are not in account" in html and "vision" in html
+    assert not Job.objects.exists()
