@@ -13,6 +13,7 @@ from clusters.models import Cluster, SlurmAssociation
 from clusters.providers import get_provider
 from jobs.models import Job
 from jobs.sync import jobs_sync
+from slurm import accounts as sacctmgr
 
 from .conftest import make_spec
 from .waiting import wait_until
@@ -83,6 +84,23 @@ def test_grp_tres_holds_the_second_job_and_others_accounts_are_refused(
         page.force_login(user)
         html = page.get(reverse("jobs:detail", args=["acl", job_id])).content.decode()
         assert "Account llm reached its GPU limit" in html
+
+        # A PATCH changes the limit in slurmdbd at once: the second job starts.
+        patched = operator_api.patch(
+            "/api/v1/accounts/llm", {"grp_tres": "gres/gpu=16"}, format="json"
+        )
+        assert patched.status_code == 200, patched.json()
+        client = get_provider(cluster.provider).slurm(cluster)
+        rows = sacctmgr.associations(client, cluster="acl")
+        assert [r.grp_tres for r in rows if r.account == "llm" and not r.user] == ["gres/gpu=16"]
+
+        def started() -> bool:
+            jobs_sync(cluster=cluster)
+            return Job.objects.get(job_id=job_id).state == "RUNNING"
+
+        wait_until(
+            started, what="the second job to start under the raised limit", timeout=30, every=1
+        )
     finally:
         client = get_provider(cluster.provider).slurm(cluster)
         for job in Job.objects.all():
