@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import getpass
 from pathlib import Path
 
 from django.conf import settings
@@ -16,6 +17,7 @@ from clusters.providers import get_provider
 from identity import paths as identity_paths
 from identity.services import account_ensure
 from slurm import SlurmError
+from slurm.accounts import USER_RE
 from slurm.submit import Submission, sbatch_args, validate_submission
 
 from .choices import CAN_CANCEL, CAN_HOLD, CAN_REQUEUE, HELD_REASONS, JobState
@@ -125,6 +127,11 @@ def job_submit(
     if owner is not None:
         submission = dataclasses.replace(submission, account=chosen)
         slurm_accounts.association_ensure(cluster=cluster, account=chosen, user=account.name)
+    elif (me := getpass.getuser()) != "root" and USER_RE.fullmatch(me):
+        # mtc's own job runs as mtc, which needs an association too (root has one).
+        slurm_accounts.association_ensure(
+            cluster=cluster, account=settings.MTC_DEFAULT_ACCOUNT, user=me
+        )
     args = job_sbatch_args(cluster=cluster, owner=owner, submission=submission)
     env = {**submission.env, "MTC_CLUSTER": cluster.cluster_id}
     client = get_provider(cluster.provider).slurm(cluster)

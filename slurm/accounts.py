@@ -11,7 +11,7 @@ from .client import SlurmClient
 from .errors import SlurmError
 
 NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # accounts and QoS (sacctmgr lower-cases)
-USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # POSIX user names
+USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")  # POSIX (portable) user names
 CLUSTER_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
 # gres/gpu=16, cpu=64,gres/gpu=8 ... ("-1" clears a limit)
 TRES_RE = re.compile(r"(cpu|mem|node|billing|gres/gpu(:[a-z0-9]+)?)=(-1|[0-9]{1,12})")
