@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from .client import SlurmClient
-from .errors import SlurmError
+from .errors import TRANSIENT_MARKERS, SlurmError
 
 NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")  # accounts and QoS (sacctmgr lower-cases)
 USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")  # POSIX (portable) user names
@@ -70,7 +70,9 @@ def _write(client: SlurmClient, args: list[str]) -> None:
     proc = client.run(["sacctmgr", "--immediate", *args], check=False, timeout=30)
     text = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0 and not any(n in text.lower() for n in NOTHING):
-        raise SlurmError(text or f"sacctmgr exited {proc.returncode}", command=proc.args)
+        transient = any(m in text.lower() for m in TRANSIENT_MARKERS)
+        message = text or f"sacctmgr exited {proc.returncode}"
+        raise SlurmError(message, permanent=not transient, command=proc.args)
 
 
 def qos_ensure(client: SlurmClient, name: str) -> None:

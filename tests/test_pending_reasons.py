@@ -102,3 +102,22 @@ def test_submit_page_shows_an_account_not_theirs_beside_the_field(cluster, user)
     html = page.post(reverse("jobs:submit", args=["pr"]), form).content.decode()
     assert "You are not in account" in html and "vision" in html
     assert not Job.objects.exists()
+
+
+def test_sacctmgr_refusals_are_slurm_errors(tmp_path):
+    from slurm import SlurmError
+    from slurm import accounts as sacctmgr
+    from slurm.client import SlurmClient
+
+    fake = tmp_path / "sacctmgr"
+    fake.write_text("#!/bin/sh\necho ' Job(s) active, cancel job(s) before remove' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    client = SlurmClient(tmp_path / "slurm.conf")
+    env = client.env()
+    env["PATH"] = f"{tmp_path}:{env['PATH']}"
+    client.env = lambda: env
+    with pytest.raises(SlurmError) as caught:
+        sacctmgr.account_delete(client, cluster="c1", name="llm")
+    assert caught.value.permanent and "Job(s) active" in str(caught.value)
+    with pytest.raises(SlurmError):
+        sacctmgr.account_delete(client, cluster="c1", name="Bad name")
