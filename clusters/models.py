@@ -138,3 +138,44 @@ class Operation(models.Model):
     @property
     def done(self) -> bool:
         return self.state in (OperationState.SUCCEEDED, OperationState.FAILED)
+
+
+class SlurmAccount(models.Model):
+    """A team's Slurm account as operators defined it. slurmdbd holds the limits that
+    Slurm enforces; mtc keeps this record to make the account (and its members'
+    associations) on each cluster a job of theirs goes to, and to check who may
+    submit under it without asking Slurm."""
+
+    name = models.CharField(max_length=40, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+    shares = models.PositiveIntegerField(null=True, blank=True)
+    qos = models.CharField(max_length=200, blank=True)
+    grp_tres = models.CharField(max_length=200, blank=True)
+    grp_tres_mins = models.CharField(max_length=200, blank=True)
+    max_tres_per_user = models.CharField(max_length=200, blank=True)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, related_name="slurm_accounts", blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SlurmAssociation(models.Model):
+    """What mtc has made in slurmdbd for a cluster: an account (user "") or a user's
+    association under it, so a submit asks sacctmgr only the first time."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="+")
+    account = models.CharField(max_length=40)
+    user = models.CharField(max_length=32, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "account", "user"], name="slurm_association_unique"
+            )
+        ]

@@ -112,6 +112,13 @@ class JobSubmitForm(forms.Form):
         widget=forms.TextInput(attrs={"placeholder": "e.g. 0-15%4"}),
         help_text="Run as an array of tasks.",
     )
+    account = forms.CharField(
+        required=False,
+        label="Account",
+        widget=forms.TextInput(attrs={"placeholder": "your default account"}),
+        help_text="The Slurm account (team) it is charged to; one of yours.",
+    )
+    qos = forms.CharField(required=False, label="QoS", help_text="A QoS of the account.")
 
     def __init__(self, *args, partitions: list[str], default_partition: str = "", **kwargs):
         super().__init__(*args, **kwargs)
@@ -142,7 +149,7 @@ class JobSubmitForm(forms.Form):
             if key not in cleaned:
                 continue
             value = cleaned[key]
-            if key in ("time_limit", "dependency", "array", "partition"):
+            if key in ("time_limit", "dependency", "array", "partition", "account", "qos"):
                 value = value.strip()
                 if not value:
                     continue

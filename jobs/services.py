@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import getpass
 from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from clusters import accounts as slurm_accounts
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 from clusters.providers import get_provider
 from identity import paths as identity_paths
 from identity.services import account_ensure
 from slurm import SlurmError
+from slurm.accounts import USER_RE
 from slurm.submit import Submission, sbatch_args, validate_submission
 
 from .choices import CAN_CANCEL, CAN_HOLD, CAN_REQUEUE, HELD_REASONS, JobState
@@ -110,13 +114,24 @@ def job_submit(
     checkpoint_dir: str = "",
 ) -> Job:
     """sbatch the job (script on stdin) as its owner's account and record it. Raises
-    SlurmError, JobConflict or IdentityMissing."""
+    SlurmError, JobConflict, IdentityMissing or AccountError (a FieldErrors)."""
     if cluster.state not in CLUSTER_LIVE_STATES:
         raise JobConflict(
             f"Cluster '{cluster.cluster_id}' is {cluster.state}; jobs need it RUNNING."
         )
+    # Which Slurm account (AccountError naming `account` when not theirs): checked
+    # before anything is made; its association is made on the first job there.
+    chosen = slurm_accounts.account_choose(user=owner, account=submission.account)
     account = job_account(owner)
     run_as = account if account is not None and account.isolated else None
+    if owner is not None:
+        submission = dataclasses.replace(submission, account=chosen)
+        slurm_accounts.association_ensure(cluster=cluster, account=chosen, user=account.name)
+    elif (me := getpass.getuser()) != "root" and USER_RE.fullmatch(me):
+        # mtc's own job runs as mtc, which needs an association too (root has one).
+        slurm_accounts.association_ensure(
+            cluster=cluster, account=settings.MTC_DEFAULT_ACCOUNT, user=me
+        )
     args = job_sbatch_args(cluster=cluster, owner=owner, submission=submission)
     env = {**submission.env, "MTC_CLUSTER": cluster.cluster_id}
     client = get_provider(cluster.provider).slurm(cluster)

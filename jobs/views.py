@@ -15,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from clusters.accounts import AccountError
 from clusters.models import Cluster
 from clusters.providers.base import ProviderError
 from identity.sources.base import IdentityMissing
@@ -29,6 +30,7 @@ from .extensions import job_card_context, job_series_context
 from .filtersets import JobFilterSet
 from .forms import EXAMPLES, FIELD_NAMES, JobSubmitForm
 from .models import Job
+from .pending import pending_explanation
 
 JOBS_PER_PAGE = 50
 REFRESH_MS = 3000
@@ -270,6 +272,8 @@ def job_submit(request, cluster_id: str):
                 )
             except SUBMIT_FAILURES as exc:
                 form.add_error(None, submit_failure_message(exc))
+            except AccountError as exc:  # an account that is not theirs
+                form.add_submission_errors(exc)
             else:
                 messages.success(request, f"Submitted job {job.job_id} ({job.name}).")
                 return redirect("jobs:detail", cluster.cluster_id, job.job_id)
@@ -311,6 +315,7 @@ def _job_context(request, cluster: Cluster, job: Job) -> dict:
         "node_names": expand_hostlist(job.node_list),
         "actions": allowed_actions(job),
         "held": job.reason in HELD_REASONS,
+        "pending_explanation": pending_explanation(job),
         "active": job.state in ACTIVE_STATES,
         "terminal": job.state in TERMINAL_STATES,
         "refresh_ms": REFRESH_MS if job.state not in TERMINAL_STATES else 0,

@@ -228,6 +228,7 @@ SPECTACULAR_SETTINGS = {
         {"name": "models", "description": "The model registry"},
         {"name": "endpoints", "description": "Inference endpoints (OpenAI-shaped)"},
         {"name": "tokens", "description": "Your API tokens"},
+        {"name": "accounts", "description": "Slurm accounts (teams), members and limits"},
         {"name": "identity", "description": "Who you are and which account jobs run as"},
     ],
 }
@@ -332,6 +333,8 @@ MTC_AGENT_INTERVAL_S = float(os.environ.get("MTC_AGENT_INTERVAL_S", "10"))
 # port, started by `make run` and `make test`. Unset or 0: local clusters run without
 # accounting (no sacct; a job that leaves the queue unseen becomes UNKNOWN).
 MTC_SLURMDBD_PORT = int(os.environ.get("MTC_SLURMDBD_PORT") or 0)
+# Every user's Slurm account when operators have put them in none (clusters/accounts.py).
+MTC_DEFAULT_ACCOUNT = os.environ.get("MTC_DEFAULT_ACCOUNT", "users")
 MTC_ACCOUNTING_DIR = Path(os.environ.get("MTC_ACCOUNTING_DIR") or DATA_DIR / "accounting")
 # How long a job that left the queue may be missing from sacct (slurmctld sends its
 # record late when slurmdbd was away) before it becomes UNKNOWN.

@@ -42,6 +42,8 @@ BODY_FIELDS = (
     "overrides",
     "time_limit",
     "register_as",
+    "account",
+    "qos",
 )
 # Rendezvous ports per job: below the kernel's ephemeral range and above the ports
 # the local provider gives Slurm daemons.
@@ -229,7 +231,7 @@ def recipe_plan(
         "nodes": body.get("nodes", 1),
         "requeue": True,
     }
-    for key in ("partition", "time_limit"):
+    for key in ("partition", "time_limit", "account", "qos"):
         if body.get(key):
             job_body[key] = body[key]
     if gpus is not None:

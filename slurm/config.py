@@ -144,6 +144,13 @@ def render_slurm_conf(conf: ClusterConf) -> str:
                 "AccountingStorageTRES": "gres/gpu",
                 "JobAcctGatherType": "jobacct_gather/linux",
                 "JobAcctGatherFrequency": ACCT_GATHER_FREQUENCY,
+                # Accounts' limits (GrpTRES, MaxTRESPerUser, GrpTRESMins) hold only when
+                # enforced; a user then needs an association to submit at all, which
+                # mtc makes (clusters/accounts.py).
+                "AccountingStorageEnforce": "associations,limits,qos",
+                "PriorityType": "priority/multifactor",
+                "PriorityWeightFairshare": "10000",
+                "PriorityWeightAge": "1000",
             }
         )
     if conf.jwt_key:

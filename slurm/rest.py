@@ -39,6 +39,8 @@ VALUE_FIELDS = {
     "--cpus-per-task": "cpus_per_task",
     "--gpus-per-node": "gpus_per_node",
     "--partition": "partition",
+    "--account": "account",
+    "--qos": "qos",
     "--time": "time_limit",
     "--dependency": "dependency",
     "--array": "array",

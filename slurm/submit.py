@@ -28,6 +28,8 @@ DEPENDENCY_RE = re.compile(rf"^{DEP_ITEM}([,?]{DEP_ITEM})*$")
 ARRAY_RE = re.compile(
     r"^[0-9]{1,6}(-[0-9]{1,6}(:[0-9]{1,6})?)?(,[0-9]{1,6}(-[0-9]{1,6}(:[0-9]{1,6})?)?)*(%[0-9]{1,5})?$"
 )
+# Slurm account and QoS names as mtc makes them (sacctmgr lower-cases names).
+ACCOUNT_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 MAX_SCRIPT_BYTES = 1024 * 1024
 MAX_ARRAY_TASKS = 10_000
 # The submit body's fields, in the order the submit form shows them.
@@ -44,6 +46,8 @@ FIELDS = (
     "requeue",
     "dependency",
     "array",
+    "account",
+    "qos",
 )
 
 
@@ -65,6 +69,8 @@ class Submission:
     requeue: bool = True
     dependency: str = ""
     array: str = ""
+    account: str = ""  # Slurm account (a team); mtc checks the owner is in it
+    qos: str = ""
     # Set by mtc's own launches (recipes), not by the submit body: the whole node.
     mem: str = ""  # --mem ("0": all of the node's memory)
     exclusive: bool = False
@@ -187,6 +193,11 @@ def validate_submission(
         elif problem := _array_problem(array):
             errors["array"] = problem
 
+    for key in ("account", "qos"):
+        value = data.get(key)
+        value = "" if value is None else value
+        if value != "" and (not isinstance(value, str) or not ACCOUNT_RE.fullmatch(value)):
+            errors[key] = "Names are lower-case letters, digits, _ and -, at most 40."
     if errors:
         raise SubmissionError(errors)
     return Submission(
@@ -202,6 +213,8 @@ def validate_submission(
         requeue=requeue,
         dependency=dependency,
         array=array,
+        account=data.get("account") or "",
+        qos=data.get("qos") or "",
     )
 
 
@@ -238,4 +251,8 @@ def sbatch_args(sub: Submission, *, output_dir: str, work_dir: str, comment: str
         args.append(f"--dependency={sub.dependency}")
     if sub.array:
         args.append(f"--array={sub.array}")
+    if sub.account:
+        args.append(f"--account={sub.account}")
+    if sub.qos:
+        args.append(f"--qos={sub.qos}")
     return args

@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from ..efficiency import job_efficiency
 from ..models import Job, JobEvent
+from ..pending import pending_explanation
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -184,9 +185,14 @@ class JobDetailSerializer(JobSerializer):
     options = serializers.DictField(help_text="The submitted options")
     script = serializers.CharField()
     history = JobEventSerializer(source="events", many=True, read_only=True)
+    pending_explanation = serializers.CharField(
+        help_text="Why a pending job waits, in words, and what would let it start; empty"
+        " for any other state"
+    )
 
     def to_representation(self, job: Job) -> dict:
         data = super().to_representation(job)
+        data["pending_explanation"] = pending_explanation(job)
         data["options"] = job.options
         data["script"] = job.script
         data["history"] = JobEventSerializer(job.events.all(), many=True).data

@@ -61,6 +61,7 @@ RESOURCE_SEGMENTS = {
     "models": "models",
     "endpoints": "endpoints",
     "tokens": "tokens",
+    "accounts": "accounts",
     "me": "identity",
 }
 ACTION_NAMES = {"partial_update": "update", "destroy": "delete"}
