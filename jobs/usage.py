@@ -17,6 +17,7 @@ from django.db.models import (
     Count,
     ExpressionWrapper,
     F,
+    Q,
     QuerySet,
     Sum,
     Value,
@@ -110,15 +111,18 @@ def _buckets(query: UsageQuery) -> list[date]:
 
 def usage_jobs(user, cluster: Cluster, start: date, end: date) -> QuerySet[Job]:
     """The finished jobs of the window that ``user`` may count: operators every one,
-    a user their own. An array's own row is left out when its tasks have rows (they
-    carry the usage; the array's row folds theirs)."""
+    a user their own and those of the accounts they are a member of. An array's own
+    row is left out when its tasks have rows (they carry the usage; the array's row
+    folds theirs)."""
     begin = datetime.combine(start, time.min, tzinfo=UTC)
     stop = datetime.combine(end + timedelta(days=1), time.min, tzinfo=UTC)
     tasks = Job.objects.filter(cluster=cluster, array_task_id__isnull=False)
     qs = Job.objects.filter(
         cluster=cluster, elapsed_s__isnull=False, end_time__gte=begin, end_time__lt=stop
     ).exclude(array_task_id__isnull=True, job_number__in=tasks.values("job_number"))
-    return qs if user.is_staff else qs.filter(owner=user)
+    if user.is_staff:
+        return qs
+    return qs.filter(Q(owner=user) | Q(account__in=user.slurm_accounts.values("name")))
 
 
 def usage_report(user, query: UsageQuery) -> dict:

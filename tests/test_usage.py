@@ -116,6 +116,14 @@ def test_users_see_their_own_usage(jobs, user_api):
     assert body["totals"] == {"gpu_hours": 6.0, "cpu_hours": 7.0, "jobs": 4}
 
 
+def test_members_of_an_account_see_its_usage_too(jobs, user, user_api):
+    from clusters.models import SlurmAccount
+
+    SlurmAccount.objects.create(name="llm").members.add(user)
+    body = usage(user_api).json()  # olga's job under llm: 8 GPUs x 15 min, 1 CPU
+    assert body["totals"] == {"gpu_hours": 8.0, "cpu_hours": 7.25, "jobs": 5}
+
+
 def test_usage_query_count_does_not_grow_with_rows(jobs, operator_api, operator):
     def queries() -> int:
         with CaptureQueriesContext(connection) as ctx:
