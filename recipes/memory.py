@@ -147,8 +147,8 @@ def memory_problem(
         f"{fits} nodes fit ({estimate(p, params, fits * gpus, reference=reference).total / GB:.1f}"
         " GB per GPU)."
         if fits
-        else f"no node count up to {MAX_NODES} fits: lower micro_batch or seq_len, or turn "
-        "on activation_checkpointing."
+        else f"no node count up to {MAX_NODES} fits: lower micro_batch or seq_len, or set "
+        'activation_checkpointing to "full".'
     )
     return (
         f"{p.name} needs about {need.total / GB:.1f} GB per GPU on {nodes} node(s) x {gpus} "
