@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mtc.fielderrors import FieldErrors
+from node.train.config import AC_HELP, ac_interval
 from registry.names import REF_HELP, is_model_ref, model_ref_parse
 
 PATH_RE = re.compile(r"^/[A-Za-z0-9._/+-]{0,1000}$")
@@ -23,7 +24,9 @@ class RecipeError(FieldErrors):
 @dataclass(frozen=True)
 class Param:
     name: str
-    kind: str  # int, float, str, bool, choice, path, checkpoint (a path or models/<name>@<ref>)
+    # int, float, str, bool, choice, path, checkpoint (a path or models/<name>@<ref>),
+    # checkpointing (activation checkpointing: node.train.config.ac_interval's forms)
+    kind: str
     default: Any
     help: str
     minimum: float | None = None
@@ -38,6 +41,12 @@ class Param:
                 return None, "This parameter is required."
             # null means "the default" only where the default is itself none.
             return (None, None) if self.default is None else (None, "Must not be null.")
+        if self.kind == "checkpointing":
+            try:
+                ac_interval(value)
+            except ValueError:
+                return None, f"Must be {AC_HELP}."
+            return value, None
         if self.kind == "bool":
             return (value, None) if isinstance(value, bool) else (None, "Must be true or false.")
         if self.kind in ("int", "float"):
@@ -138,7 +147,13 @@ def _common(
         ),
         Param("seed", "int", 1234, "Random seed (data order and initialisation).", 0, 2**31 - 1),
         Param("data_path", "path", None, data_help),
-        Param("activation_checkpointing", "bool", False, "Recompute activations in backward."),
+        Param(
+            "activation_checkpointing",
+            "checkpointing",
+            "none",
+            'Recompute decoder layers\' activations in backward: "none", "full", or "every_N" '
+            "(every N-th layer; also true/false or an integer N).",
+        ),
         Param("compile", "bool", False, "torch.compile the model."),
     ]
 

@@ -78,7 +78,11 @@ def param_field(param: Param) -> forms.Field:
         return forms.ChoiceField(choices=[(c, c) for c in param.choices], **common)
     if param.kind == "bool":
         return forms.BooleanField(required=False, **common)
-    placeholder = {"path": "/absolute/path", "checkpoint": "/absolute/path or models/<name>@<ref>"}
+    placeholder = {
+        "path": "/absolute/path",
+        "checkpoint": "/absolute/path or models/<name>@<ref>",
+        "checkpointing": "none, full or every_N",
+    }
     placeholder = placeholder.get(param.kind, "")
     return forms.CharField(
         required=param.required,

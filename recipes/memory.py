@@ -1,7 +1,8 @@
 """Will a recipe launch fit in its pool's GPU memory? An estimate per GPU under FSDP2
 (every rank holds 1/ranks of the parameters, gradients and optimizer state) plus what
 is not sharded (one layer's gathered weights and its gradient, twice for prefetch, the
-activations of one micro-batch, the logits), against the GPU's memory less headroom.
+activations of one micro-batch, one chunk of the loss's logits), against the GPU's
+memory less headroom.
 And how long before its time limit a run is warned (``signal_lead``): long enough to
 save a checkpoint of that size.
 
@@ -15,6 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from node.train.config import LOSS_CHUNK_TOKENS as CHUNK_TOKENS
+from node.train.config import ac_interval
 from node.train.presets import PRESETS, Preset, param_count
 
 GB = 10**9
@@ -96,14 +99,18 @@ def estimate(p: Preset, params: dict[str, Any], ranks: int, *, reference: bool) 
     share = max(1, (params.get("global_batch") or 1) // ranks)
     tokens = min(share, params.get("micro_batch") or share) * (params.get("seq_len") or 1)
     d, i = p.hidden_size, p.intermediate_size
+    interval = ac_interval(params.get("activation_checkpointing"))
     # Saved for backward per token and layer (SDPA stores no attention matrix): the
     # norms' outputs, q/k/v, attention output, MLP input, gate/up/activation/product.
     per_layer = 6 * d + 2 * p.num_kv_heads * p.head_dim + 4 * i
-    if params.get("activation_checkpointing"):  # each layer's input, one layer recomputed
-        act = tokens * compute * (p.num_layers * d + per_layer)
-    else:
-        act = tokens * compute * p.num_layers * per_layer
-    act += tokens * p.vocab_size * (compute + 4 + 4)  # logits, their fp32 copy and its grad
+    # Checkpointed layers (every interval-th, as the runtime picks them) keep only their
+    # input, and one of them is recomputed at a time in backward.
+    checkpointed = p.num_layers // interval if interval else 0
+    kept = (p.num_layers - checkpointed) * per_layer + checkpointed * d
+    act = tokens * compute * (kept + (per_layer if checkpointed else 0))
+    # The loss runs lm_head over CHUNK_TOKENS tokens at a time: one chunk's logits, their
+    # fp32 copy and its gradient, not the whole micro-batch's.
+    act += min(tokens, CHUNK_TOKENS) * p.vocab_size * (compute + 4 + 4)
     return Estimate(
         params=sharded * PARAM_BYTES * (2 if reference else 1),  # rl: the frozen policy
         grads=sharded * GRAD_BYTES,
@@ -140,8 +147,8 @@ def memory_problem(
         f"{fits} nodes fit ({estimate(p, params, fits * gpus, reference=reference).total / GB:.1f}"
         " GB per GPU)."
         if fits
-        else f"no node count up to {MAX_NODES} fits: lower micro_batch or seq_len, or turn "
-        "on activation_checkpointing."
+        else f"no node count up to {MAX_NODES} fits: lower micro_batch or seq_len, or set "
+        'activation_checkpointing to "full".'
     )
     return (
         f"{p.name} needs about {need.total / GB:.1f} GB per GPU on {nodes} node(s) x {gpus} "

@@ -18,7 +18,8 @@ or as one plain process (world size 1). Modules, one concern each:
                   ``python -m node.train.shards tokenize`` (``mtc data tokenize``)
 - ``data``        the sample order, the token cache's name
 - ``tasks``       generated arithmetic with checkable answers; prompt/response JSONL
-- ``model``       transformers Llama/Gemma, FSDP2, activation checkpointing, compile
+- ``model``       transformers Llama/Gemma, FSDP2 units, activation checkpointing, compile
+- ``loss``        cross-entropy through lm_head in checkpointed chunks of tokens
 - ``checkpoint``  torch.distributed.checkpoint saves, atomic, with resume discovery
 - ``metrics``     metrics.jsonl + TensorBoard, tokens/s and MFU
 - ``pretrain`` / ``sft`` / ``rl``  what one optimizer step computes for each recipe

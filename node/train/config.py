@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,31 @@ SCHEDULES = ("cosine", "linear", "constant")
 
 class ConfigError(ValueError):
     pass
+
+
+# Tokens per chunk of the loss (node.train.loss); here, torch-free, for the app's memory
+# estimate too. fp32 logits of one chunk: 1 GB at a 128k vocabulary.
+LOSS_CHUNK_TOKENS = 2048
+AC_HELP = (
+    'false or "none" (off), true or "full" (every decoder layer), an integer N or "every_N" '
+    "(every N-th layer; 1 is full, 0 is none)"
+)
+_EVERY = re.compile(r"every_([0-9]{1,4})")
+
+
+def ac_interval(value) -> int:
+    """activation_checkpointing as the interval of checkpointed decoder layers: 0 none,
+    1 every layer, N every N-th. ValueError (saying what is accepted) for anything else."""
+    if value is None or value is False or value == "none":
+        return 0
+    if value is True or value == "full":
+        return 1
+    if isinstance(value, int) and 0 <= value <= 9999:
+        return value
+    m = _EVERY.fullmatch(value) if isinstance(value, str) else None
+    if m and int(m.group(1)) >= 1:
+        return int(m.group(1))
+    raise ValueError(f"activation_checkpointing must be {AC_HELP}, not {value!r}")
 
 
 @dataclass
@@ -52,7 +78,7 @@ class RunConfig:
     seed: int = 1234
     data_path: str | None = None
     init_from: str | None = None
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | int | str = False  # see ac_interval
     compile: bool = False
     rl: RLConfig = field(default_factory=RLConfig)
     # Additions (all optional):
@@ -151,6 +177,10 @@ def _check(cfg: RunConfig) -> None:
         problems.append("corpus_bytes must be at least 1 (or null: the whole corpus)")
     if not cfg.text_field:
         problems.append("text_field must name a field")
+    try:
+        ac_interval(cfg.activation_checkpointing)
+    except ValueError as exc:
+        problems.append(str(exc))
     if cfg.max_operand < 1:
         problems.append("max_operand must be at least 1")
     if problems:

@@ -1,8 +1,8 @@
 """transformers Llama/Gemma models from a preset, sharded with FSDP2.
 
-The model is built on the meta device, sharded (``fully_shard`` on each decoder layer,
-then the root), and only then materialised on the device and initialised under the
-run's seed, so a 70B model never exists whole in one process's memory. FSDP2 is the
+The model is built on the meta device, sharded (``shard_units``: as torchtitan's
+``parallelize_llama`` does it), and only then materialised on the device and initialised
+under the run's seed, so a 70B model never exists whole in one process's memory. FSDP2 is the
 path on GPUs (NCCL) and on CPUs (gloo supports its all-gather and reduce-scatter in
 this torch), so one code path serves both; bf16 on GPU is FSDP2's mixed precision
 (bf16 compute, fp32 master weights and gradient reduction). A single process
@@ -18,6 +18,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .config import ac_interval
 from .presets import Preset, matmul_param_count
 
 log = logging.getLogger("mtc.runtime")
@@ -61,13 +62,56 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return list(model.model.layers)
 
 
+def ac_apply(model, interval: int) -> None:
+    """Checkpoint every ``interval``-th decoder layer (0: none, 1: all): its activations
+    are recomputed in backward, the others kept. Counted as torchtitan counts (layers
+    N-1, 2N-1, ...), through transformers' own per-layer flag, so FSDP2's hooks stay
+    outside the checkpoint and the parameter names do not change."""
+    if interval < 1:
+        return
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    for i, layer in enumerate(decoder_layers(model)):
+        layer.gradient_checkpointing = (i + 1) % interval == 0
+
+
+def shard_units(model, mp) -> None:
+    """FSDP2 units as torchtitan's ``parallelize_llama`` makes them: the embedding, each
+    decoder layer, then the final norm with the output projection, then the root (which
+    holds what is left: the rotary buffers). Every unit but the last is resharded after
+    its forward (its weights are gathered again for backward): the norm+lm_head unit
+    runs last in forward and first in backward, so resharding it would only all-gather
+    it again at once; the root is never resharded after forward in FSDP2.
+
+    Tied embeddings (Gemma; Llama 3.2): a parameter can live in one unit only, and the
+    shared weight is used first (lookup) and last (projection), so the embedding, norm
+    and lm_head stay together in the root, which is gathered for the whole step (it is
+    the first used in forward and the last done in backward)."""
+    from torch.distributed.fsdp import fully_shard
+
+    inner = model.model
+    tied = model.lm_head.weight is inner.embed_tokens.weight or bool(
+        getattr(model.config, "tie_word_embeddings", False)
+    )
+    if not tied:
+        fully_shard(inner.embed_tokens, mp_policy=mp, reshard_after_forward=True)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=True)
+    if not tied:
+        fully_shard([inner.norm, model.lm_head], mp_policy=mp, reshard_after_forward=False)
+    fully_shard(model, mp_policy=mp)
+
+
 def model_build(
     p: Preset,
     *,
     d,
     seed: int,
     precision: str,
-    activation_checkpointing: bool,
+    activation_checkpointing: bool | int | str,
     compile: bool,
     hf: dict | None = None,
 ):
@@ -86,21 +130,14 @@ def model_build(
     config._attn_implementation = attn
     with torch.device("meta"):
         model = cls(config)
-    if activation_checkpointing:
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    ac_apply(model, ac_interval(activation_checkpointing))
     if d.enabled:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
         mp = MixedPrecisionPolicy()
         if precision == "bf16":
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in decoder_layers(model):
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+        shard_units(model, mp)
     model.to_empty(device=d.device)
     torch.manual_seed(seed)
     with torch.no_grad(), warnings.catch_warnings():
@@ -123,9 +160,19 @@ def autocast(d, precision: str):
 
 def lm_loss_sum(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy; ``labels`` align with ``input_ids`` (as in
-    transformers) and -100 marks positions that do not count."""
+    transformers) and -100 marks positions that do not count. Chunked over the sequence
+    (``loss.chunked_ce_sum``): no fp32 logits for the whole sequence."""
+    from .loss import chunked_ce_sum, final_hidden
+
+    # Shift the labels, not the hidden states: the last position predicts nothing.
+    target = F.pad(labels[:, 1:], (0, 1), value=-100)
+    return chunked_ce_sum(model, final_hidden(model, input_ids), target)
+
+
+def lm_loss_sum_full(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The same loss from the whole (batch, seq, vocab) fp32 logits: the reference the
+    chunked one is tested against."""
     logits = model(input_ids=input_ids, use_cache=False).logits.float()
-    # Shift the labels, not the logits: no copy of the (batch, seq, vocab) tensor.
     target = F.pad(labels[:, 1:], (0, 1), value=-100)
     return F.cross_entropy(
         logits.view(-1, logits.size(-1)), target.reshape(-1), ignore_index=-100, reduction="sum"
