@@ -159,7 +159,10 @@ def memory_problem(
 
 # --- how long before the end a job is warned (sbatch --signal=USR1@<lead>) --------------
 LEAD_FLOOR_S = 60  # finish the step in progress (seconds even for 70B) and start the save
-WRITE_BYTES_PER_S = 1 * GB  # per node, to the shared checkpoint storage: a low estimate
+# Per node, to the checkpoint storage: below the one rate measured, a 15 GB DCP save
+# on one H200 node's local disk in 33 s (0.46 GB/s, bench/gpu_check.py); shared storage
+# is rarely faster for one node.
+WRITE_BYTES_PER_S = 0.4 * GB
 LEAD_MAX_S = 3600
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights and AdamW's two fp32 moments
 

@@ -420,8 +420,8 @@ def test_a_launch_that_cannot_fit_in_gpu_memory_names_the_node_count_that_does(c
         format="json",
     )
     assert fits.status_code == 200, fits.content
-    # 8B: 96 GB of weights and AdamW state on one node, at 1 GB/s after the 60 s floor.
-    assert "--signal=USR1@156" in fits.json()["options"]
+    # 8B: 96 GB of weights and AdamW state on one node, at 0.4 GB/s after the 60 s floor.
+    assert "--signal=USR1@300" in fits.json()["options"]
 
 
 def test_gpu_memory_table_and_estimate():
