@@ -47,8 +47,16 @@ def _limits(account: SlurmAccount) -> sacctmgr.Limits:
 
 
 def accounting_enabled(cluster: Cluster) -> bool:
-    """Local clusters have associations to manage when mtc runs slurmdbd."""
-    return bool(settings.MTC_SLURMDBD_PORT) and cluster.provider == "local"
+    """A local cluster has associations to manage when mtc runs slurmdbd and the
+    cluster's slurm.conf stores accounting there: one made before accounting was turned
+    on keeps its config (no slurmdbd to ask) until its next change."""
+    if not settings.MTC_SLURMDBD_PORT or cluster.provider != "local":
+        return False
+    try:
+        conf = get_provider(cluster.provider).conf_path(cluster).read_text()
+    except OSError:  # no daemons made yet, or none any more
+        return False
+    return "AccountingStorageType=accounting_storage/slurmdbd" in conf
 
 
 def _client(cluster: Cluster):

@@ -121,3 +121,21 @@ def test_sacctmgr_refusals_are_slurm_errors(tmp_path):
     assert caught.value.permanent and "Job(s) active" in str(caught.value)
     with pytest.raises(SlurmError):
         sacctmgr.account_delete(client, cluster="c1", name="Bad name")
+
+
+def test_associations_are_managed_only_where_the_cluster_stores_accounting(cluster, settings):
+    """A cluster whose slurm.conf does not name slurmdbd (made before accounting was on,
+    or with no daemons yet) is never asked to make associations."""
+    from clusters.accounts import accounting_enabled
+    from clusters.providers import get_provider
+
+    settings.MTC_SLURMDBD_PORT = 6829
+    assert not accounting_enabled(cluster)  # no slurm.conf at all
+    conf = get_provider("local").conf_path(cluster)
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text("ClusterName=pr\nAccountingStorageType=accounting_storage/none\n")
+    assert not accounting_enabled(cluster)
+    conf.write_text("ClusterName=pr\nAccountingStorageType=accounting_storage/slurmdbd\n")
+    assert accounting_enabled(cluster)
+    settings.MTC_SLURMDBD_PORT = 0
+    assert not accounting_enabled(cluster)
