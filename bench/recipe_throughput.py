@@ -96,10 +96,21 @@ class Windows(torch.utils.data.Dataset):
         return {"input_ids": x, "labels": x}
 
 
+def run_tokens(run_dir: Path) -> np.ndarray:
+    """The tokens the runtime's own run cached (data/tokens-<key>/part-N.bin, each with
+    part-N.json naming its dtype), in order: the Trainer trains on the same stream."""
+    cache = next(p for p in (run_dir / "data").glob("tokens-*") if p.is_dir())
+    parts = []
+    for meta_path in sorted(cache.glob("part-*.json")):
+        meta = json.loads(meta_path.read_text())
+        parts.append(np.fromfile(meta_path.with_suffix(".bin"), dtype=meta["dtype"]))
+    return np.concatenate(parts)
+
+
 def hf_trainer(run_dir: Path, steps: int, warmup: int, batch: int, seq_len: int) -> dict:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    tokens = np.load(next((run_dir / "data").glob("tokens-*.npy")), mmap_mode="r")
+    tokens = run_tokens(run_dir)
     model = model_build(
         get_preset("llama", "tiny"),
         d=Dist(),
