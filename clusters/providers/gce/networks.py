@@ -124,6 +124,17 @@ def nics(spec: dict, machine_type: str, project: str, region: str) -> list[dict[
 
 
 # --- requests -------------------------------------------------------------------
+def needs_private_services(spec: dict) -> bool:
+    """mtc makes a Filestore or Lustre instance: it needs an allocated range and the
+    service-networking connection on the cluster's network."""
+    storage = spec.get("storage") or {}
+    home = storage.get("home") or {}
+    if home and home.get("type", "filestore") == "filestore":
+        if not home.get("ip") and not home.get("instance"):
+            return True
+    return any(not i.get("ip") and not i.get("instance") for i in storage.get("lustre") or [])
+
+
 def primary_network(spec: dict, target: Target) -> tuple[str, str]:
     """nic0's network and subnetwork: mtc's own unless the spec names another."""
     net = spec.get("network") or {}
@@ -237,8 +248,6 @@ def network_requests(spec: dict, target: Target) -> list[ApiRequest]:
         )
     )
     psa = net.get("private_service_access")
-    from .storage import needs_private_services  # storage reads networks' primary_network
-
     if psa is None and needs_private_services(spec):
         psa = {}  # mtc makes Filestore or Lustre: they need a range (default /20)
     if psa is not None:

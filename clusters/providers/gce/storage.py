@@ -26,7 +26,7 @@ from google.api_core import exceptions as gexc
 from ..base import ProviderError
 from . import names
 from .api import Target
-from .networks import primary_network
+from .networks import needs_private_services, primary_network
 
 log = logging.getLogger(__name__)
 FILESTORE_READY = "READY"  # Filestore v1 Instance.State
@@ -94,17 +94,6 @@ def shares(spec: dict, target: Target) -> list[Share]:
         name = item.get("instance") or names.resource_name(cid, item["filesystem"])
         out.append(Share("lustre", f"storage.lustre[{i}]", name, made, body if made else None))
     return out
-
-
-def needs_private_services(spec: dict) -> bool:
-    """mtc makes a Filestore or Lustre instance: it needs an allocated range and the
-    service-networking connection on the cluster's network."""
-    storage = spec.get("storage") or {}
-    home = storage.get("home") or {}
-    if home and home.get("type", "filestore") == "filestore":
-        if not home.get("ip") and not home.get("instance"):
-            return True
-    return any(not i.get("ip") and not i.get("instance") for i in storage.get("lustre") or [])
 
 
 def with_ips(spec: dict, ips: dict[str, str]) -> dict:
