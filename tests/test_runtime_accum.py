@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from mtc.devstack import free_port
 
 from .test_runtime_train import write_config
 
@@ -73,11 +74,8 @@ def test_micro_batches_reduce_scatter_each_and_match_the_full_batch(tmp_path):
     common = dict(steps=STEPS, checkpoint_interval=0, global_batch=8, corpus_bytes=200_000)
     write_config(tmp_path / "full", **common)
     write_config(tmp_path / "micro", micro_batch=1, **common)  # 4 micro-batches per rank
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     torch.set_num_threads(1)
-    mp.spawn(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert results[0] == results[1]  # every rank reports the all-reduced loss
     full, micro = results[0]["full"], results[0]["micro"]

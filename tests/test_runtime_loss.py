@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from mtc.devstack import free_port
 from node.train.presets import get_preset
 
 from .test_runtime_train import write_config
@@ -205,11 +205,8 @@ def test_units_and_training_parity_on_two_ranks(tmp_path):
         write_config(
             tmp_path / f"run-{name}-new", activation_checkpointing="every_2", **common, **extra
         )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     torch.set_num_threads(1)
-    mp.spawn(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     result = json.loads((tmp_path / "rank0.json").read_text())
     layers = get_preset("llama", "tiny").num_layers
     llama = result["run-llama-pretrain-new"]

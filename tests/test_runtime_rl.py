@@ -6,11 +6,11 @@ second update of a batch (ppo_epochs=2)."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import pytest
 import torch
 
+from mtc.devstack import free_port
 from node.train.config import ConfigError, config_from_dict
 from node.train.distributed import Dist
 from node.train.model import hf_config
@@ -65,18 +65,12 @@ def test_kv_cache_generation_equals_uncached(family, temperature):
             assert torch.equal(a, b)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def one_rank_group():
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     try:
         yield Dist()
