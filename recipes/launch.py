@@ -78,15 +78,19 @@ srun --ntasks-per-node=1 {srun_cpus}--kill-on-bad-exit=1 bash -c 'exec "$MTC_PYT
 if [ -f {requeue_file} ]; then
   rm -f {requeue_file}
   echo "mtc: stopped at a checkpoint on SIGUSR1; requeueing job $SLURM_JOB_ID"
-  for try in 1 2 3 4 5; do
-    if scontrol requeue "$SLURM_JOB_ID"; then
+  # slurmctld refuses a requeue while the job is in a transition (its steps still
+  # completing, say): try for about a minute, saying why each try failed.
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    if why=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
       # Slurm ends this script as part of the requeue; exiting first would end the job
       # (FAILED, with the ranks' status) before the requeue is through.
       sleep {kill_wait} || true
-      break
+      exit "$status"
     fi
-    sleep "$try"
+    echo "mtc: requeue try $try failed: $why"
+    sleep "$(( try < 8 ? try : 8 ))"
   done
+  echo "mtc: the job could not be requeued; it ends here (resubmit it to resume)"
 fi
 exit "$status"
 """

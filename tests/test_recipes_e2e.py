@@ -45,7 +45,7 @@ def poll(cluster, job_id: str, until, timeout: float = 240) -> Job:
         job = Job.objects.get(cluster=cluster, job_id=job_id)
         if until(job):
             return job
-        assert job.state not in TERMINAL, (job.state, output(job, 20000))
+        assert job.state not in TERMINAL, (job.state, history(job), output(job, 4000))
         return None
 
     return wait_until(
@@ -65,7 +65,16 @@ def finished(cluster, job_id: str) -> Job:
 
 def output(job: Job, tail: int = 3000) -> str:
     root = Path(job.checkpoint_dir).parents[2] / "output"
-    return "\n".join(p.read_text()[-tail:] for p in sorted(root.glob(f"slurm-{job.job_id}.*")))
+    return "\n".join(
+        f"== {p.name}\n{p.read_text()[-tail:]}" for p in sorted(root.glob(f"slurm-{job.job_id}.*"))
+    )
+
+
+def history(job: Job) -> list[tuple[str, str, str]]:
+    """What the poller saw, in order: (state, reason, cause)."""
+    return list(
+        JobEvent.objects.filter(job=job).order_by("pk").values_list("state", "reason", "cause")
+    )
 
 
 def loss_at(job: Job, step: int) -> float:
