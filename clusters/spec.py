@@ -383,11 +383,11 @@ def _check_network(c: _Checker, network: Any) -> None:
         )
 
 
-def _check_storage(c: _Checker, storage: Any) -> None:
+def _check_storage(c: _Checker, storage: Any, provider: str = "local") -> None:
     storage = c.obj(storage, "storage", required=False)
     if storage is None:
         return
-    c.unknown(storage, {"home", "lustre", "gcs_fuse"}, "storage")
+    c.unknown(storage, {"home", "lustre", "gcs_fuse", "run_root"}, "storage")
     mounts: dict[str, str] = {}
 
     def mount(value: Any, path: str) -> None:
@@ -508,6 +508,32 @@ def _check_storage(c: _Checker, storage: Any) -> None:
             hint="A Cloud Storage bucket name.",
         )
         mount(item.get("mount_point"), f"{path}.mount_point")
+    _check_run_root(c, storage.get("run_root"), provider, mounts)
+
+
+def _check_run_root(c: _Checker, value: Any, provider: str, mounts: dict[str, str]) -> None:
+    """Where jobs write (clusters/runroot.py). On gce it must be on storage every node
+    mounts at the same path (Filestore /home or Lustre: a bucket through gcsfuse takes
+    neither renames nor appends the way checkpoints and logs need); on the local
+    provider it is any absolute path on this host."""
+    path = "storage.run_root"
+    root = c.string(
+        value, path, required=False, pattern=MOUNT_RE, hint="An absolute path such as /home/mtc."
+    )
+    if not root:
+        return
+    if ".." in root.split("/") or root == "/":
+        c.fail(path, "An absolute path below /, without '..'.")
+        return
+    if provider != "gce":
+        return
+    shared = [m for m, where in mounts.items() if not where.startswith("storage.gcs_fuse")]
+    if not any(root == m or root.startswith(m.rstrip("/") + "/") for m in shared):
+        c.fail(
+            path,
+            "Must be on the cluster's Filestore /home or a Lustre mount point "
+            f"({', '.join(sorted(shared)) or 'the spec mounts neither'}).",
+        )
 
 
 SECRET_RE = re.compile(r"[A-Za-z0-9_-]{1,255}")
@@ -664,7 +690,7 @@ def validate_cluster_spec(data: Any) -> dict:
     )
     _check_labels(c, spec.get("labels"), "labels")
     _check_network(c, spec.get("network"))
-    _check_storage(c, spec.get("storage"))
+    _check_storage(c, spec.get("storage"), provider)
 
     pools: dict[str, dict] = {}
     raw_pools = c.array(spec.get("node_pools"), "node_pools", required=True)

@@ -8,10 +8,10 @@ import logging
 from datetime import datetime
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Q, QuerySet
 
+from clusters.runroot import run_root_or_none
 from mtc.retention import Budget, batched_delete, path_remove, tally_add, tally_clear
 
 from . import extensions
@@ -82,8 +82,8 @@ def jobs_purge(cutoff: datetime, budget: Budget) -> int:
                 per_cluster[job.cluster.cluster_id] = per_cluster.get(job.cluster.cluster_id, 0) + 1
             tally_add("jobs", per_cluster)
         for job in gone:
-            root = Path(settings.DATA_DIR) / "clusters" / job.cluster.cluster_id
-            for path in job_files(job):
+            root = run_root_or_none(job.cluster)
+            for path in job_files(job) if root is not None else ():
                 path_remove(path, root=root)
         removed += len(gone)
         if len(jobs) < JOBS_BATCH:

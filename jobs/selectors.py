@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from django.conf import settings
 from django.db.models import Count, F, Q, QuerySet
 
 from clusters.models import Cluster
+from clusters.runroot import run_root_or_none
 from mtc.retention import retention_days
 from mtc.retention import tally as retention_tally
 
@@ -58,7 +58,9 @@ def job_output_path(job: Job, stream: str) -> Path | None:
     """The job's own output file, derived from its id; never a path from a request."""
     if not job.submitted_by_mtc:
         return None
-    root = Path(settings.DATA_DIR) / "clusters" / job.cluster.cluster_id
+    root = run_root_or_none(job.cluster)
+    if root is None:
+        return None
     # A user's job writes in their own folder (jobs.services.job_root); mtc's own
     # jobs and single-user ones in the cluster's.
     users = root / "users"

@@ -14,6 +14,7 @@ from clusters import accounts as slurm_accounts
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 from clusters.providers import get_provider
+from clusters.runroot import is_own_dir, run_root
 from identity import paths as identity_paths
 from identity.services import account_ensure
 from slurm import SlurmError
@@ -33,13 +34,16 @@ def job_root(cluster: Cluster, account=None, *, make: bool = True) -> Path:
     """Where a user's jobs keep their output, work and runs: ``users/<name>/`` of the
     cluster, the account's alone (0700); the cluster's own folder for mtc's jobs and
     in single-user mode. ``make=False``: only the path (a preview writes nothing)."""
-    root = Path(settings.DATA_DIR) / "clusters" / cluster.cluster_id
+    root = run_root(cluster)  # NoRunRoot (400 naming storage) when it has none
     if account is None or not account.isolated:
         return root
     if not make:
         return root / "users" / account.name
-    for above in (root.parent, root, root / "users"):
-        identity_paths.traverse_only(above)
+    # mtc opens its own data dir's folders to passers-by; a run root the spec names is
+    # made (0711) but its parents are the site's (/home, a Lustre mount), left as they are.
+    above = [root.parent] if is_own_dir(cluster, root) else []
+    for path in (*above, root, root / "users"):
+        identity_paths.traverse_only(path)
     return identity_paths.user_dir(root / "users" / account.name, account)
 
 
@@ -119,6 +123,7 @@ def job_submit(
         raise JobConflict(
             f"Cluster '{cluster.cluster_id}' is {cluster.state}; jobs need it RUNNING."
         )
+    run_root(cluster)  # NoRunRoot (400 naming storage) before anything is asked of Slurm
     # Which Slurm account (AccountError naming `account` when not theirs): checked
     # before anything is made; its association is made on the first job there.
     chosen = slurm_accounts.account_choose(user=owner, account=submission.account)

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from clusters.accounts import AccountError
 from clusters.models import Cluster
 from clusters.providers.base import ProviderError
+from clusters.runroot import NoRunRoot
 from identity.sources.base import IdentityMissing
 from slurm import SlurmError
 from slurm.hostlist import expand_hostlist
@@ -90,7 +91,8 @@ def allowed_actions(job: Job) -> list[str]:
 
 
 # What a submit (a form's or a recipe launch's) can fail with once its input is valid.
-SUBMIT_FAILURES = (services.JobConflict, SlurmError, ProviderError, IdentityMissing)
+# NoRunRoot: a gce cluster with no shared storage for job output (a cluster-level fault).
+SUBMIT_FAILURES = (services.JobConflict, SlurmError, ProviderError, IdentityMissing, NoRunRoot)
 
 
 def submit_failure_message(exc: Exception) -> str:

@@ -137,9 +137,9 @@ def recipe_launch_page(request, cluster_id: str, recipe: str):
     # The previewed run directory comes back so Launch starts exactly what was shown.
     run_name = request.POST.get("run_name", "") if bound else ""
     run_dir = None
-    if re.fullmatch(rf"{re.escape(recipe)}-[0-9]{{8}}-[0-9]{{6}}-[0-9a-f]{{4}}", run_name):
-        run_dir = new_run_dir(cluster, recipe, owner=request.user).with_name(run_name)
     try:
+        if re.fullmatch(rf"{re.escape(recipe)}-[0-9]{{8}}-[0-9]{{6}}-[0-9a-f]{{4}}", run_name):
+            run_dir = new_run_dir(cluster, recipe, owner=request.user).with_name(run_name)
         plan = recipe_plan(
             cluster=cluster, recipe_id=recipe, body=body, run_dir=run_dir, owner=request.user
         )

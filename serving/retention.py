@@ -6,12 +6,11 @@ is never purged (it goes when its owner deletes it), nor a replica that may stil
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
+from clusters.runroot import run_root_or_none
 from mtc.retention import BATCH, Budget, batched_delete, path_remove
 
 from .choices import DONE_REPLICA_STATES
@@ -44,8 +43,9 @@ def history_purge(cutoff: datetime, budget: Budget) -> int:
         for replica in rows:
             if replica.pk in kept or not replica.run_dir:
                 continue
-            root = Path(settings.DATA_DIR) / "clusters" / replica.endpoint.cluster.cluster_id
-            path_remove(replica.run_dir, root=root)
+            root = run_root_or_none(replica.endpoint.cluster)
+            if root is not None:
+                path_remove(replica.run_dir, root=root)
         if len(rows) < BATCH:
             break
     return events + replicas

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from clusters.runroot import NoRunRoot
 from identity import paths as identity_paths
 from identity.services import IdentityMissing
 from jobs import services as job_services
@@ -148,7 +149,7 @@ def replica_start(*, endpoint: Endpoint) -> Replica | None:
     number = Endpoint.objects.values_list("replica_counter", flat=True).get(pk=endpoint.pk)
     try:
         run_dir = replica_run_dir(endpoint, number)
-    except IdentityMissing as exc:
+    except (IdentityMissing, NoRunRoot) as exc:
         Endpoint.objects.filter(pk=endpoint.pk).update(
             status_message=f"Could not start a replica: {exc}"[:500]
         )

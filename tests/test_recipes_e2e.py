@@ -2,6 +2,7 @@
 runs srun + torchrun on both nodes, the poller stores the metrics."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,11 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "UNKNOWN
 @pytest.fixture
 def cluster(local_clusters, settings):
     settings.MTC_IDENTITY = "local"
-    cluster_services.cluster_create(spec=make_spec("rx", nodes=2))
+    # Jobs write in a run root outside mtc's data dir, as on shared storage.
+    run_root = Path(settings.DATA_DIR).parent / "runs-rx"
+    cluster_services.cluster_create(
+        spec=make_spec("rx", nodes=2, storage={"run_root": str(run_root)})
+    )
     return Cluster.objects.get(cluster_id="rx")
 
 
@@ -45,7 +50,9 @@ def poll(cluster, job_id: str, until, timeout: float = 240) -> Job:
         job = Job.objects.get(cluster=cluster, job_id=job_id)
         if until(job):
             return job
-        assert job.state not in TERMINAL, (job.state, history(job), output(job, 4000))
+        if job.state in TERMINAL:  # ended early: everything there is to know, in full
+            print(f"events: {history(job)}\n{output(job, 20000)}", file=sys.stderr)
+        assert job.state not in TERMINAL, job.state
         return None
 
     return wait_until(
@@ -81,9 +88,11 @@ def loss_at(job: Job, step: int) -> float:
     return JobMetric.objects.get(job=job, step=step).values["loss"]
 
 
-def test_pretrain_on_two_nodes_then_an_exact_resume_after_requeue(cluster, user_api):
+def test_pretrain_on_two_nodes_then_an_exact_resume_after_requeue(cluster, user_api, settings):
     first = finished(cluster, launch(user_api, "llama-pretrain", steps=60, checkpoint_interval=10))
     summary = first.metrics
+    assert Path(first.checkpoint_dir).is_relative_to(Path(settings.DATA_DIR).parent / "runs-rx")
+    assert not Path(first.checkpoint_dir).is_relative_to(settings.DATA_DIR)
     assert summary["step"] == 60 and summary["last_checkpoint_step"] == 60
     assert summary["last_loss"] < summary["first_loss"] - 0.5
     checkpoints = sorted(p.name for p in Path(first.checkpoint_dir).iterdir())
