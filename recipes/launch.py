@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster
 from clusters.providers import get_provider
+from clusters.runroot import NoRunRoot
 from identity import paths as identity_paths
 from identity.runas import can_read
 from jobs import services
@@ -45,9 +46,8 @@ BODY_FIELDS = (
     "account",
     "qos",
 )
-# Rendezvous ports per job: below the kernel's ephemeral range and above the ports
-# the local provider gives Slurm daemons.
-RDZV_PORT_BASE, RDZV_PORT_SPAN = 30000, 2500
+# Prints a TCP port free on this host (the kernel's pick).
+FREE_PORT = 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 REQUEUE_FILE = "requeue.json"  # the runtime's (node/train/train.py) after a SIGUSR1 stop
 
 SCRIPT = r"""#!/bin/bash
@@ -61,7 +61,10 @@ export PYTHONPATH={repo}
 {gpu_env}
 export MTC_PYTHON={python} MTC_NPROC={nproc} MTC_RUN_CONFIG={config}
 export RDZV_HOST={rdzv_host}
-export RDZV_PORT=$(( {port_base} + SLURM_JOB_ID % {port_span} ))
+# The batch script runs on the first node, which hosts the rendezvous: a port free there
+# now. (A port derived from the job id collides with another cluster's job of that id on
+# a shared host, and with this job's own previous run after a requeue.)
+export RDZV_PORT=$("$MTC_PYTHON" -IS -c {free_port})
 echo "mtc: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s) $SLURM_JOB_NODELIST," \
      "restart ${{SLURM_RESTART_COUNT:-0}}, rendezvous $RDZV_HOST:$RDZV_PORT"
 # SIGUSR1 ({lead} s before the time limit, or from scancel --signal=USR1) goes to the
@@ -133,7 +136,10 @@ def _run_config(recipe_id: str, params: dict[str, Any], run_dir: Path, real_gpus
 def new_run_dir(cluster: Cluster, recipe_id: str, owner=None) -> Path:
     """``runs/<recipe>-<stamp>`` in the owner's folder of the cluster (job_root)."""
     stamp = f"{timezone.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-    root = services.job_root(cluster, services.job_account(owner), make=False) / "runs"
+    try:
+        root = services.job_root(cluster, services.job_account(owner), make=False) / "runs"
+    except NoRunRoot as exc:  # a gce cluster with no shared storage for runs
+        raise LaunchError(exc.fields) from exc
     return root / f"{recipe_id}-{stamp}"
 
 
@@ -288,9 +294,8 @@ def recipe_plan(
         rdzv_host="127.0.0.1"
         if cluster.provider == "local"
         else '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        port_base=RDZV_PORT_BASE,
-        port_span=RDZV_PORT_SPAN,
         python=shlex.quote(sys.executable),
+        free_port=shlex.quote(FREE_PORT),
         nproc=nproc,
         config=shlex.quote(str(run_dir / "run.json")),
         gpu_env=env_block(pool.machine_type if pool else "", gpus=bool(submission.gpus_per_node)),
