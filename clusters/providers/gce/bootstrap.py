@@ -7,12 +7,26 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from slurm.config import KILL_WAIT_S, cluster_name, gres_type
+from slurm.config import (
+    HEALTH_CHECK_INTERVAL,
+    HEALTH_CHECK_NODE_STATE,
+    KILL_WAIT_S,
+    cluster_name,
+    gres_type,
+)
 
 from . import access
 from .names import controller_name
 
 SCRIPTS = Path(__file__).parent / "scripts"
+# Where the image (deploy/image/provision.sh) puts mtc's node runtime.
+NODE_HOME = "/opt/mtc"
+NODE_PYTHON = f"{NODE_HOME}/venv/bin/python"
+# The startup script writes it; slurm.conf names it (HealthCheckProgram).
+HEALTH_CHECK_PROGRAM = "/usr/local/sbin/mtc-healthcheck"
+# The agent's quick checks at slurmd start and every HealthCheckInterval; the GPU ones
+# only where there are GPUs.
+GPU_CHECKS, CPU_CHECKS = "disk,gpu,ecc,xid,dcgm", "disk"
 CGROUP_CONF = "ConstrainCores=yes\nConstrainDevices=yes\nConstrainRAMSpace=yes\n"
 
 
@@ -160,6 +174,11 @@ def startup_script(spec: dict, *, role: str, pool: dict | None = None) -> str:
     machine = pool["machine_spec"]
     count = machine.get("accelerator_count") or 0
     values["POOL"] = pool["id"]
+    values["GPUS"] = str(int(count))
+    values["CHECKS"] = GPU_CHECKS if count else CPU_CHECKS
+    values["NODE_HOME"] = NODE_HOME
+    values["NODE_PYTHON"] = NODE_PYTHON
+    values["HEALTH_CHECK"] = HEALTH_CHECK_PROGRAM
     values["GRES"] = f" Gres=gpu:{gres_type(machine['accelerator_type'])}:{count}" if count else ""
     return _render(common + (SCRIPTS / "worker.sh").read_text(), values)
 
@@ -208,6 +227,9 @@ def slurm_conf(
         "PrologFlags": "Alloc,Contain",
         "Prolog": "/etc/slurm/mtc-prolog.sh",
         "Epilog": "/etc/slurm/mtc-epilog.sh",
+        "HealthCheckProgram": HEALTH_CHECK_PROGRAM,
+        "HealthCheckInterval": str(HEALTH_CHECK_INTERVAL),
+        "HealthCheckNodeState": HEALTH_CHECK_NODE_STATE,
         "ReturnToService": "2",
         "JobRequeue": "1",
         "KillWait": str(KILL_WAIT_S),  # time for a checkpoint after SIGTERM (slurm.config)

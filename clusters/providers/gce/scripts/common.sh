@@ -13,6 +13,13 @@ report() {
     "$MD/guest-attributes/mtc/$1" >/dev/null || true
 }
 trap 'report state "failed: line $LINENO"' ERR
+# A step that did not happen fails the boot, says why on the serial console and in the
+# state attribute mtc shows, never reports ready after a timeout.
+fail() {
+  echo "mtc: $1" >&2
+  report state "failed: ${1:0:200}"
+  exit 1
+}
 # This boot's id first: after a reset mtc waits for a new one, since guest attributes
 # outlive a reboot and the last boot's "ready" would otherwise answer for this one.
 report boot "$(cat /proc/sys/kernel/random/boot_id)"
