@@ -72,6 +72,8 @@ class FakeCompute:
     storage: dict[tuple[str, str], dict] = field(default_factory=dict)
     connections: dict[str, dict] = field(default_factory=dict)
     storage_ops: dict[str, dict] = field(default_factory=dict)
+    # The most instance deletes whose operations were unfinished at once.
+    peak_open_deletes: int = 0
     ids: itertools.count = field(default_factory=lambda: itertools.count(1000))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -114,6 +116,15 @@ class FakeCompute:
             "progress": 0,
         }
         self.operations[op_name] = {"op": op, "error": error, "on_done": on_done}
+        if (kind, verb) == ("instances", "delete"):
+            open_deletes = sum(
+                1
+                for e in self.operations.values()
+                if e["op"]["status"] != "DONE"
+                and e["op"]["operationType"] == "delete"
+                and "/instances/" in e["op"]["targetLink"]
+            )
+            self.peak_open_deletes = max(self.peak_open_deletes, open_deletes)
         return dict(op)
 
     def _advance(self, op_name: str) -> dict | None:

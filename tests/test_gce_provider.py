@@ -314,6 +314,17 @@ def test_delete_removes_everything_create_made(compute, operator_api):
     assert compute.calls("DELETE") and len(compute.resources) == 2
 
 
+def test_delete_removes_the_instances_side_by_side(compute, operator_api):
+    """Nine instances (eight nodes and the controller) deleted at once, not one after
+    another: their delete operations are open together."""
+    operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(8), format="json"))
+    assert len(compute.names("instances")) == 9
+    op = operation(operator_api, operator_api.delete(f"/api/v1/clusters/{CID}"))
+    assert op["state"] == "SUCCEEDED", op
+    assert compute.names("instances") == []
+    assert compute.peak_open_deletes >= 4, compute.peak_open_deletes
+
+
 def test_delete_keeps_a_network_mtc_did_not_make(compute, operator_api):
     compute.resources[("networks", "shared")] = {"name": "shared"}
     compute.resources[("subnetworks", "shared")] = {"name": "shared"}

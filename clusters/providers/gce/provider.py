@@ -334,8 +334,7 @@ class GceProvider(Provider):
 
     # --- remove ------------------------------------------------------------------------
     def _delete_instances(self, api: ComputeApi, instance_names: list[str]) -> None:
-        for name in instance_names:
-            api.send(plan.ApiRequest("instances", "delete", "zone", name))
+        api.send_all([plan.ApiRequest("instances", "delete", "zone", n) for n in instance_names])
 
     def delete_nodes(self, cluster: Cluster, nodes: list[Node]) -> None:
         self._delete_instances(self.api(cluster), [n.name for n in nodes])
