@@ -41,7 +41,12 @@ def _spec() -> dict:
 
 
 def _templates(requests) -> dict[str, dict]:
-    return {r.name: r.body["properties"] for r in requests if r.resource == "instanceTemplates"}
+    """Each template by ``<cluster>-<pool>`` (its name without the content version)."""
+    return {
+        r.name.rsplit("-", 1)[0]: r.body["properties"]
+        for r in requests
+        if r.resource == "instanceTemplates"
+    }
 
 
 def _metadata(properties: dict) -> dict[str, str]:

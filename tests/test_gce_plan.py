@@ -36,7 +36,7 @@ def test_cli_plan_of_a3_ultra_shows_the_requests(tmp_path, capsys, settings):
     # The reservation places its VMs: no placement policy of mtc's beside it.
     assert "compute.resourcePolicies.insert" not in requests
     templates = [r["body"] for r in plan["requests"] if r["method"].endswith("Templates.insert")]
-    gpu = next(t["properties"] for t in templates if t["name"] == "a3u-pretrain-a3u")
+    gpu = next(t["properties"] for t in templates if t["name"].startswith("a3u-pretrain-a3u-"))
     assert gpu["machineType"] == "a3-ultragpu-8g"
     assert gpu["guestAccelerators"] == [
         {"acceleratorType": "nvidia-h200-141gb", "acceleratorCount": 8}
@@ -261,7 +261,9 @@ def test_a3_ultra_plan_has_rdma_nics_the_rule_from_mtc_and_a_dashboard(settings)
 
     requests = _plan("a3-ultra-pretraining", settings)
     by_name = {(r["method"], r["name"]): r.get("body") for r in requests}
-    templates = {n: b for (m, n), b in by_name.items() if m.endswith("Templates.insert")}
+    templates = {  # by <cluster>-<pool>: the name without its content version
+        n.rsplit("-", 1)[0]: b for (m, n), b in by_name.items() if m.endswith("Templates.insert")
+    }
     # No metadata item holds key material: the munge key is a placeholder in a plan.
     for template in templates.values():
         for key, value in _metadata(template).items():

@@ -13,6 +13,7 @@ from clusters.models import Cluster, Node
 from clusters.providers import get_provider
 from clusters.providers.gce import GceProvider
 from clusters.reference_architectures import architecture_get
+from identity.models import PosixAccount
 
 from .gce_fake import CONNECTIONS, FakeCompute, FakeServer, FakeSlurm
 
@@ -102,7 +103,10 @@ def test_create_sends_network_placement_templates_and_bulk_insert(
     gvnic, roce = bodies(compute, "POST networks")
     assert gvnic["mtu"] == roce["mtu"] == 8896 and gvnic["autoCreateSubnetworks"] is False
     assert roce["networkProfile"].endswith("/us-central1-a-vpc-roce")
-    templates = {t["name"]: t["properties"] for t in bodies(compute, "POST instanceTemplates")}
+    templates = {  # by <cluster>-<pool>: the name without its content version
+        t["name"].rsplit("-", 1)[0]: t["properties"]
+        for t in bodies(compute, "POST instanceTemplates")
+    }
     gpu = templates[f"{CID}-a3u"]
     assert gpu["machineType"] == "a3-ultragpu-8g"
     assert gpu["guestAccelerators"] == [
@@ -146,7 +150,7 @@ def test_create_sends_network_placement_templates_and_bulk_insert(
     (bulk,) = bodies(compute, "POST instances/bulkInsert")
     assert bulk["count"] == "4" and bulk["minCount"] == "4"
     assert sorted(bulk["perInstanceProperties"]) == [f"{CID}-a3u-{i}" for i in range(4)]
-    assert bulk["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-a3u")
+    assert bulk["sourceInstanceTemplate"].rsplit("/", 1)[1].startswith(f"{CID}-a3u-")
     (ctl,) = [r for r in compute.requests if r.call == "POST instances"]
     assert ctl.body["name"] == f"{CID}-controller"
     # The controller is on the address reserved for it, the one slurm.conf names.
@@ -164,7 +168,7 @@ def test_create_sends_network_placement_templates_and_bulk_insert(
     page = client.get(f"/clusters/{CID}/").content.decode()
     assert 'data-testid="dashboard-link"' in page
     assert f"monitoring/dashboards/builder/mtc-{CID}?project=mtc-test" in page
-    assert ctl.query["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-login")
+    assert ctl.query["sourceInstanceTemplate"].rsplit("/", 1)[1].startswith(f"{CID}-login-")
     nodes = operator_api.get(f"/api/v1/clusters/{CID}/nodes").json()
     assert len(nodes["results"] if "results" in nodes else nodes) == 4
     node = Node.objects.get(name=f"{CID}-a3u-2")
@@ -195,12 +199,49 @@ def test_resize_adds_with_bulk_insert_and_removes_after_drain(compute, operator_
     assert resize(3)["state"] == "SUCCEEDED"
     gone = [f"{CID}-a3u-{i}" for i in (3, 4, 5)]
     assert compute.slurm.drained == gone  # drained in Slurm before the machines go
-    assert compute.calls("DELETE") == [f"DELETE instances/{name}" for name in gone]
+    # Side by side, so in no set order.
+    assert sorted(compute.calls("DELETE")) == [f"DELETE instances/{name}" for name in gone]
     assert compute.calls("POST") == []
     assert compute.names("instances") == [f"{CID}-a3u-{i}" for i in range(3)] + [
         f"{CID}-controller"
     ]
     assert Node.objects.filter(cluster__cluster_id=CID).count() == 3
+
+
+def test_a_changed_template_is_a_new_version_that_resize_and_repairs_use(
+    compute, operator_api, django_user_model
+):
+    """Templates cannot change: a new account (every node must have it) makes a new
+    version at the next apply; new nodes and recreated ones come from it, and the old
+    version is deleted."""
+    operation(operator_api, operator_api.post("/api/v1/clusters", a3u_spec(2), format="json"))
+    cluster = Cluster.objects.get(cluster_id=CID)
+    old = cluster.provider_state["templates"]["a3u"]
+    assert old.startswith(f"{CID}-a3u-") and ("instanceTemplates", old) in compute.resources
+    user = django_user_model.objects.create_user("newcomer", password="newcomer-pass-1")
+    account = PosixAccount.objects.get(user=user)  # made with the user
+    compute.clear_log()
+    scaling = {"min_node_count": 3, "max_node_count": 8}
+    patch = {"node_pools": [{"id": "a3u", "scaling_spec": scaling}]}
+    op = operation(
+        operator_api, operator_api.patch(f"/api/v1/clusters/{CID}", patch, format="json")
+    )
+    assert op["state"] == "SUCCEEDED", op
+    cluster.refresh_from_db()
+    new = cluster.provider_state["templates"]["a3u"]
+    assert new != old and new.startswith(f"{CID}-a3u-")
+    (template,) = [t for t in bodies(compute, "POST instanceTemplates") if t["name"] == new]
+    accounts = {i["key"]: i["value"] for i in template["properties"]["metadata"]["items"]}
+    assert f'"name": "{account.name}"' in accounts["mtc-accounts"]
+    (bulk,) = bodies(compute, "POST instances/bulkInsert")
+    assert bulk["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{new}")
+    assert f"DELETE instanceTemplates/{old}" in compute.calls("DELETE")
+    assert ("instanceTemplates", old) not in compute.resources
+    compute.clear_log()
+    node = cluster.nodes.select_related("pool").get(index=0)
+    get_provider("gce").reimage_node(cluster, node)
+    (insert,) = [r for r in compute.requests if r.call == "POST instances"]
+    assert insert.query["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{new}")
 
 
 def test_repairs_reset_recreate_and_replace(compute, operator_api):
@@ -219,7 +260,7 @@ def test_repairs_reset_recreate_and_replace(compute, operator_api):
     assert compute.calls("DELETE") == [f"DELETE instances/{node.name}"]
     (insert,) = [r for r in compute.requests if r.call == "POST instances"]
     assert insert.body == {"name": node.name}
-    assert insert.query["sourceInstanceTemplate"].endswith(f"/instanceTemplates/{CID}-a3u")
+    assert insert.query["sourceInstanceTemplate"].rsplit("/", 1)[1].startswith(f"{CID}-a3u-")
     assert compute.resources[("instances", node.name)]["id"] != before  # a new VM
     compute.clear_log()
 

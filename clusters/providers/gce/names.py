@@ -31,8 +31,15 @@ def controller_name(cluster_id: str) -> str:
     return resource_name(cluster_id, "controller")
 
 
-def template_name(cluster_id: str, pool_id: str) -> str:
-    return resource_name(cluster_id, pool_id)
+def template_name(cluster_id: str, pool_id: str, version: str = "") -> str:
+    """``<cluster>-<pool>-<version>``: templates cannot be changed, so a changed spec or
+    mtc makes a new one (``version`` a digest of its content); unversioned for clusters
+    made before templates were versioned."""
+    return (
+        resource_name(cluster_id, pool_id, version)
+        if version
+        else resource_name(cluster_id, pool_id)
+    )
 
 
 def placement_name(cluster_id: str, pool_id: str) -> str:

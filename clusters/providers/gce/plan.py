@@ -8,6 +8,8 @@ The network requests are built in networks.py, the request type in api.py."""
 from __future__ import annotations
 
 import base64
+import copy
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -175,7 +177,7 @@ def template_request(
     affinity = _reservation_affinity(pool)
     if affinity:
         properties["reservationAffinity"] = affinity
-    name = names.template_name(cluster_id, pool["id"])
+    name = names.template_name(cluster_id, pool["id"], template_version(properties))
     return ApiRequest(
         "instanceTemplates",
         "insert",
@@ -190,12 +192,25 @@ def template_request(
     )
 
 
-def controller_request(spec: dict, target: Target, controller_ip: str = "") -> ApiRequest:
+def template_version(properties: dict) -> str:
+    """A digest of a template's content, the munge key left out (the same for the
+    cluster's life, and shown redacted in a plan): the same spec, accounts and mtc give
+    the same name, any change a new one."""
+    content = copy.deepcopy(properties)
+    for item in content.get("metadata", {}).get("items", []):
+        if item["key"] == "mtc-munge-key":
+            item["value"] = ""
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    return digest[:8]
+
+
+def controller_request(
+    spec: dict, target: Target, controller_ip: str = "", *, template: str
+) -> ApiRequest:
     """The controller from its template, nic0 on the address reserved for it: the
     address slurm.conf names (SlurmctldHost=<name>(<ip>)), so mtc needs no DNS."""
     cluster_id = spec["cluster_id"]
     login = login_pool(spec)
-    template = names.template_name(cluster_id, login["id"])
     name = names.controller_name(cluster_id)
     nics = network_interfaces(spec, login, target, role="controller")
     nics[0]["networkIP"] = controller_ip or CONTROLLER_IP_PLACEHOLDER
@@ -210,9 +225,11 @@ def controller_request(spec: dict, target: Target, controller_ip: str = "") -> A
     )
 
 
-def bulk_insert_request(spec: dict, pool: dict, target: Target, nodes: list[str]) -> ApiRequest:
-    """Workers of one pool in one call, all or nothing (a training job needs them all)."""
-    template = names.template_name(spec["cluster_id"], pool["id"])
+def bulk_insert_request(
+    spec: dict, pool: dict, target: Target, nodes: list[str], *, template: str
+) -> ApiRequest:
+    """Workers of one pool in one call, all or nothing (a training job needs them all),
+    from the pool's template (its name)."""
     return ApiRequest(
         "instances",
         "bulkInsert",
@@ -251,24 +268,29 @@ def cluster_plan(
     key = munge_key_value(munge_key)
     requests = network_requests(spec, target) + firewall_requests(spec, target)
     requests += placement_requests(spec, target)
-    requests.append(
-        template_request(
-            spec,
-            login_pool(spec),
-            target,
-            role="controller",
-            munge_key=key,
-            accounts=accounts,
-            controller_ip=controller_ip,
-        )
+    login = template_request(
+        spec,
+        login_pool(spec),
+        target,
+        role="controller",
+        munge_key=key,
+        accounts=accounts,
+        controller_ip=controller_ip,
     )
+    workers = {
+        pool["id"]: template_request(
+            spec, pool, target, role="worker", munge_key=key, accounts=accounts
+        )
+        for pool in compute_pools(spec)
+    }
+    requests += [login, *workers.values()]
+    requests.append(controller_request(spec, target, controller_ip, template=login.name))
     for pool in compute_pools(spec):
         requests.append(
-            template_request(spec, pool, target, role="worker", munge_key=key, accounts=accounts)
+            bulk_insert_request(
+                spec, pool, target, node_names(spec, pool), template=workers[pool["id"]].name
+            )
         )
-    requests.append(controller_request(spec, target, controller_ip))
-    for pool in compute_pools(spec):
-        requests.append(bulk_insert_request(spec, pool, target, node_names(spec, pool)))
     requests.append(dashboard_request(spec, target))
     return requests
 

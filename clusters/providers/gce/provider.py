@@ -207,14 +207,52 @@ class GceProvider(Provider):
                     for n in nodes
                     if n.pool.pool_id == request.name and n.name not in existing
                 ]
+                template = request.body["sourceInstanceTemplate"].rsplit("/", 1)[1]
                 if missing:
                     api.send(
-                        plan.bulk_insert_request(spec, pools[request.name], target, missing),
+                        plan.bulk_insert_request(
+                            spec, pools[request.name], target, missing, template=template
+                        ),
                         timeout=settings.MTC_GCE_OPERATION_TIMEOUT_S * 3,
                     )
+            elif request.resource == "instanceTemplates":
+                self._ensure_template(cluster, api, request)
             else:
                 api.send(request)
         self._record_instance_ids(cluster, api, nodes)
+        self._delete_old_templates(cluster, api)
+
+    def _ensure_template(self, cluster: Cluster, api: ComputeApi, request) -> None:
+        """The pool's template of this spec and mtc, recorded (before the insert, so a
+        crash still deletes it) and made the pool's current one: repairs recreate nodes
+        from it."""
+        pool_id = request.body["properties"]["labels"][names.LABEL_POOL]
+        created = self._created(cluster)
+        if request.name not in created.get("instanceTemplates", []):
+            created["instanceTemplates"] = [*created.get("instanceTemplates", []), request.name]
+            self._remember(cluster, created=created)
+        api.send(request)
+        templates = dict((cluster.provider_state or {}).get("templates", {}))
+        if templates.get(pool_id) != request.name:
+            templates[pool_id] = request.name
+            self._remember(cluster, templates=templates)
+
+    def _delete_old_templates(self, cluster: Cluster, api: ComputeApi) -> None:
+        """Templates a changed spec or mtc replaced: instances made from them do not
+        need them any more (Compute Engine copies a template into each instance)."""
+        current = set((cluster.provider_state or {}).get("templates", {}).values())
+        created = self._created(cluster)
+        old = [n for n in created.get("instanceTemplates", []) if n not in current]
+        if not old:
+            return
+        api.send_all([plan.ApiRequest("instanceTemplates", "delete", "global", n) for n in old])
+        created["instanceTemplates"] = [n for n in created["instanceTemplates"] if n in current]
+        self._remember(cluster, created=created)
+
+    def _template(self, cluster: Cluster, pool_id: str) -> str:
+        """The pool's current template; unversioned for a cluster made before versions."""
+        templates = (cluster.provider_state or {}).get("templates", {})
+        return templates.get(pool_id) or names.template_name(cluster.cluster_id, pool_id)
 
     def _ensure_storage(self, cluster: Cluster, target: plan.Target) -> dict:
         """Filestore and Lustre made (recorded first, so delete finds them) or checked;
@@ -353,15 +391,12 @@ class GceProvider(Provider):
         api = self.api(cluster)
         spec, target, state = cluster.spec, api.target, cluster.provider_state or {}
         self._delete_instances(api, sorted(api.instances(cluster.cluster_id)))
-        deletions = [
-            plan.ApiRequest(
-                "instanceTemplates",
-                "delete",
-                "global",
-                names.template_name(cluster.cluster_id, pool["id"]),
-            )
-            for pool in spec["node_pools"]
-        ]
+        templates = self._created(cluster).get("instanceTemplates", [])
+        if "templates" not in state:  # made before templates were versioned
+            templates = [
+                names.template_name(cluster.cluster_id, p["id"]) for p in spec["node_pools"]
+            ]
+        deletions = [plan.ApiRequest("instanceTemplates", "delete", "global", n) for n in templates]
         deletions += [
             plan.ApiRequest("resourcePolicies", "delete", "region", r.name)
             for r in plan.placement_requests(spec, target)
@@ -405,7 +440,7 @@ class GceProvider(Provider):
     def _recreate(self, cluster: Cluster, node: Node) -> str:
         api = self.api(cluster)
         api.send(plan.ApiRequest("instances", "delete", "zone", node.name))
-        template = names.template_name(cluster.cluster_id, node.pool.pool_id)
+        template = self._template(cluster, node.pool.pool_id)
         api.send(
             plan.ApiRequest(
                 "instances",
