@@ -166,13 +166,19 @@ def _base_tar() -> Path:
 def _wheels() -> str:
     """requirements-node.txt's wheels, as pip on this machine resolves them (torch is a
     file on disk here), in a folder the chroot gets a copy of."""
+    options = "--no-index --find-links /mnt/mtc-wheels"
+    requirements = (IMAGE_DIR / "requirements-node.txt").read_text()
+    stamp = WHEELS / ".requirements"  # what the wheels there were downloaded for
+    if stamp.exists() and stamp.read_text() == requirements:
+        return options
     WHEELS.mkdir(exist_ok=True)
     got = _run(
         [sys.executable, "-m", "pip", "download", "-q", "-d", str(WHEELS)]
         + ["-r", str(IMAGE_DIR / "requirements-node.txt")]
     )
     assert got.returncode == 0, got.stderr[-3000:]
-    return "--no-index --find-links /mnt/mtc-wheels"
+    stamp.write_text(requirements)
+    return options
 
 
 def _mounts_under(root: Path) -> list[str]:
@@ -185,9 +191,10 @@ def _mounts_under(root: Path) -> list[str]:
 def _tear_down(root: Path) -> None:
     for point in sorted(_mounts_under(root), reverse=True):
         subprocess.run(["umount", "-l", point], check=False)
-    # Never delete through a mount that is still there.
+    # Never delete through a mount that is still there (and rm stays on this file
+    # system besides); rm is minutes faster than shutil.rmtree on a whole system.
     if not _mounts_under(root):
-        shutil.rmtree(root.parent, ignore_errors=True)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(root.parent)], check=False)
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +249,8 @@ def provisioned():
 def test_the_images_slurm_is_the_series_mtc_speaks(provisioned):
     version = _in_chroot(provisioned.root, "slurmd", "-V")
     assert version.returncode == 0, version.stderr
-    assert version.stdout.startswith(f"slurm {image.SLURM_SERIES}."), version.stdout
+    # "slurm-wlm 22.05.8": Debian's name, then the release.
+    assert version.stdout.split()[1].startswith(image.SLURM_SERIES + "."), version.stdout
     for client in ("slurmctld", "slurmdbd", "sbatch", "scontrol", "sacctmgr"):
         found = _in_chroot(provisioned.root, "sh", "-c", f"command -v {client}")
         assert found.returncode == 0, f"{client} is not on the image"
