@@ -8,12 +8,10 @@ import os
 import secrets
 import shlex
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 
 from clusters.models import Cluster
@@ -290,11 +288,12 @@ def recipe_plan(
         checkpoint_interval=params["checkpoint_interval"],
         checkpoint_dir=run_dir / "checkpoints",
         threads=1 if not real_gpus else 8,
-        repo=shlex.quote(str(settings.BASE_DIR)),
+        repo=shlex.quote(provider.node_root()),
         rdzv_host="127.0.0.1"
         if cluster.provider == "local"
         else '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        python=shlex.quote(sys.executable),
+        # The nodes' python: this host's for local clusters, the image's on gce.
+        python=shlex.quote(provider.node_python()),
         free_port=shlex.quote(FREE_PORT),
         nproc=nproc,
         config=shlex.quote(str(run_dir / "run.json")),

@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 # postgresql: `make test` runs the database tests a second time on a private server.
 # mariadb-server and slurmdbd: Slurm accounting (mtc/accounting.py runs a private
 # MariaDB and slurmdbd; the system-wide service is stopped below, never used).
-PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server postgresql chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev python3-dev mariadb-server slurmdbd)
+# debootstrap: tests/test_gce_image.py provisions the gce node image in a Debian 12 chroot.
+PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server postgresql chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev python3-dev mariadb-server slurmdbd debootstrap)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

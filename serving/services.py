@@ -6,14 +6,13 @@ import logging
 import os
 import secrets
 import shlex
-import sys
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from clusters.providers import get_provider
 from clusters.runroot import NoRunRoot
 from identity import paths as identity_paths
 from identity.services import IdentityMissing
@@ -126,6 +125,7 @@ def _token_write(path: Path, token: str) -> None:
 
 def replica_script(endpoint: Endpoint, number: int, run_dir: Path) -> str:
     local = endpoint.cluster.provider == "local"
+    provider = get_provider(endpoint.cluster.provider)  # where the node runtime is
     version = endpoint.version
     return REPLICA_SCRIPT.format(
         endpoint_id=endpoint.pk,
@@ -134,8 +134,8 @@ def replica_script(endpoint: Endpoint, number: int, run_dir: Path) -> str:
         model_name=shlex.quote(endpoint.served_model),
         model_dir=shlex.quote(version.export_path),
         threads=endpoint.cpus_per_replica * conf.replica_threads(),
-        repo=shlex.quote(str(settings.BASE_DIR)),
-        python=shlex.quote(sys.executable),
+        repo=shlex.quote(provider.node_root()),
+        python=shlex.quote(provider.node_python()),
         run_dir=shlex.quote(str(run_dir)),
         # A local cluster's nodes are all this host; elsewhere mtc calls the node by name.
         bind="127.0.0.1" if local else "0.0.0.0",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
+
+from django.conf import settings
 
 if TYPE_CHECKING:
     from clusters.models import Cluster, Node
@@ -82,6 +85,17 @@ class Provider(ABC):
 
     def login_command(self, cluster: Cluster) -> str:
         return ""
+
+    # Where the node runtime is on the cluster's nodes, for batch scripts that run it.
+    # By default the nodes are this host (the local provider): mtc's own python, whose
+    # environment has torch, and this checkout's node/ package.
+    def node_python(self) -> str:
+        """The python a batch script runs node/ with on this provider's nodes."""
+        return sys.executable
+
+    def node_root(self) -> str:
+        """The directory holding node/ on this provider's nodes (its PYTHONPATH)."""
+        return str(settings.BASE_DIR)
 
     def dashboard_url(self, cluster: Cluster) -> str:
         """A page of the cluster's metrics outside mtc ("" when there is none)."""

@@ -15,7 +15,7 @@ from slurm.config import (
     gres_type,
 )
 
-from . import access
+from . import access, image
 from .names import controller_name
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -165,6 +165,7 @@ def startup_script(spec: dict, *, role: str, pool: dict | None = None) -> str:
         # reset node does not look ready from the boot before.
         "READY_KEY": "slurmctld" if role == "controller" else "slurmd",
         "CLUSTER": spec["cluster_id"],
+        "IMAGE_CHECK": image.slurm_check_script(),
         "MOUNTS": _mounts(spec.get("storage") or {}),
         "CONTROLLER": controller_name(spec["cluster_id"]),
     }

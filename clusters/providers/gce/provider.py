@@ -24,7 +24,7 @@ from slurm import SlurmClient, SlurmError
 
 from .. import munge
 from ..base import Provider, ProviderError
-from . import access, dashboard, names, plan, repairs, storage
+from . import access, dashboard, image, names, plan, repairs, storage
 from .bootstrap import slurm_conf
 from .client import ComputeApi
 
@@ -106,6 +106,12 @@ class GceProvider(Provider):
 
     def slurm(self, cluster: Cluster) -> SlurmClient:
         return SlurmClient(self.conf_path(cluster))
+
+    def node_python(self) -> str:  # the image's venv (deploy/image/provision.sh)
+        return image.NODE_PYTHON
+
+    def node_root(self) -> str:
+        return image.NODE_ROOT
 
     def login_command(self, cluster: Cluster) -> str:
         target = self.api(cluster).target

@@ -1,6 +1,7 @@
 #!/bin/bash
 # mtc startup script for @@ROLE@@ nodes of cluster @@CLUSTER@@ (rendered by mtc; runs as root
-# at every boot). The image provides Slurm, munge, NVIDIA drivers and DCGM.
+# at every boot). The image (deploy/image/provision.sh) provides Slurm, munge and the
+# node runtime in /opt/mtc (clusters/providers/gce/image.py).
 set -euo pipefail
 umask 022
 @@BLOCK@@
@@ -25,6 +26,8 @@ fail() {
 report boot "$(cat /proc/sys/kernel/random/boot_id)"
 report @@READY_KEY@@ booting
 report state configuring
+
+@@IMAGE_CHECK@@
 
 # --- shared storage from the spec -------------------------------------------------
 # A mount that fails fails the node, and says which mount and why (mtc shows the state).
