@@ -19,9 +19,8 @@ from . import access, image
 from .names import controller_name
 
 SCRIPTS = Path(__file__).parent / "scripts"
-# Where the image (deploy/image/provision.sh) puts mtc's node runtime.
-NODE_HOME = "/opt/mtc"
-NODE_PYTHON = f"{NODE_HOME}/venv/bin/python"
+# Where the image (deploy/image/provision.sh) puts mtc's node runtime (image.py).
+NODE_HOME, NODE_PYTHON = image.NODE_ROOT, image.NODE_PYTHON
 # The startup script writes it; slurm.conf names it (HealthCheckProgram).
 HEALTH_CHECK_PROGRAM = "/usr/local/sbin/mtc-healthcheck"
 # The agent's quick checks at slurmd start and every HealthCheckInterval; the GPU ones
