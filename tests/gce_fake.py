@@ -72,6 +72,8 @@ class FakeCompute:
     storage: dict[tuple[str, str], dict] = field(default_factory=dict)
     connections: dict[str, dict] = field(default_factory=dict)
     storage_ops: dict[str, dict] = field(default_factory=dict)
+    # What an image builder VM's script reports (mtc/image): "done" or "failed: why".
+    image_build_result: str = "done"
     # The most instance deletes whose operations were unfinished at once.
     peak_open_deletes: int = 0
     ids: itertools.count = field(default_factory=lambda: itertools.count(1000))
@@ -158,6 +160,7 @@ class FakeCompute:
             "sourceInstanceTemplate": (template or {}).get("name", ""),
             "networkInterfaces": [{**nic, "networkIP": ip} for nic in nics[:1]] + nics[1:],
             "reservationAffinity": dict(props.get("reservationAffinity", {})),
+            "metadata": (body or {}).get("metadata") or props.get("metadata", {}),
         }
 
     def _release(self, kind: str, name: str) -> None:
@@ -233,6 +236,13 @@ class FakeCompute:
                 return self._peering(parts[2], name, scope, body or {})
             if method == "POST" and len(parts) == 3 and parts[2] == "reportHostAsFaulty":
                 return self._report_faulty(name, scope, body or {})
+            if method == "POST" and len(parts) == 3 and parts[2] == "stop" and kind == "instances":
+                if (kind, name) not in self.resources:
+                    return 404, _error(404, "notFound", f"{kind}/{name}")
+                inst = self.resources[(kind, name)]
+                return 200, self._operation(
+                    kind, name, "stop", scope, on_done=lambda: inst.update(status="TERMINATED")
+                )
             if method == "POST" and len(parts) == 3 and parts[2] == "reset":
                 if (kind, name) not in self.resources:
                     return 404, _error(404, "notFound", f"{kind}/{name}")
@@ -263,6 +273,10 @@ class FakeCompute:
             return 200, self._operation(
                 kind, name, "insert", scope, on_done=lambda: resource.update(status="RUNNING")
             )
+        if kind == "images":
+            refused = self._image_refusal(body)
+            if refused:
+                return refused
         resource = {**body, "id": str(next(self.ids)), "selfLink": f"{scope}/{kind}/{name}"}
         if kind == "addresses" and "address" not in resource:
             resource["address"] = f"10.128.0.{200 + len(self.names('addresses'))}"
@@ -275,6 +289,21 @@ class FakeCompute:
             scope,
             on_done=lambda: self.resources.setdefault((kind, name), resource),
         )
+
+    def _image_refusal(self, body: dict) -> tuple[int, dict] | None:
+        """As Compute Engine: an image from a boot disk needs that disk's VM stopped
+        (without ``forceCreate``), and the disk must exist."""
+        disk = body.get("sourceDisk", "").rsplit("/", 1)[-1]
+        inst = self.resources.get(("instances", disk))
+        if inst is None:
+            return 404, _error(404, "notFound", f"The resource 'disks/{disk}' was not found")
+        if inst["status"] != "TERMINATED" and not body.get("forceCreate"):
+            return 400, _error(
+                400,
+                "resourceInUseByAnotherResource",
+                f"The disk resource 'disks/{disk}' is already being used by 'instances/{disk}'",
+            )
+        return None
 
     def _template(self, url: str) -> dict | None:
         return self.resources.get(("instanceTemplates", url.rsplit("/", 1)[-1]))
@@ -601,6 +630,10 @@ class FakeCompute:
         inst = self.resources.get(("instances", name))
         if not inst or inst["status"] != "RUNNING" or name in self.never_ready:
             return 404, _error(404, "notFound", "The resource was not found")
+        metadata = {i["key"]: i["value"] for i in inst.get("metadata", {}).get("items", [])}
+        if metadata.get("mtc-role") == "image-builder":  # its script's own attribute
+            items = [{"namespace": "mtc", "key": "image", "value": self.image_build_result}]
+            return 200, {"queryPath": "mtc/", "queryValue": {"items": items}}
         role = "slurmctld" if name.endswith("-controller") else "slurmd"
         boot, state = inst.setdefault("boot", 1), "ready"
         phases = self.booting.get(name)

@@ -63,6 +63,7 @@ KINDS = {
         "global",
     ),
     "instances": Kind("InstancesClient", "Instance", "instance", "instance_resource", "zone"),
+    "images": Kind("ImagesClient", "Image", "image", "image_resource", "global"),
 }
 OPERATION_CLIENTS = {
     "global": "GlobalOperationsClient",

@@ -9,6 +9,7 @@ python manage.py mtc bootstrap           # make sure the admin user exists
 python manage.py mtc demo                # create the demo cluster if there is none
 python manage.py mtc daemons stop        # stop every local cluster's daemons
 python manage.py mtc data tokenize IN OUT [--tokenizer F]  # pre-tokenized shards for pretraining
+python manage.py mtc gce image build --zone Z [--extras gpu.sh]  # the gce node image
 """
 
 from __future__ import annotations
@@ -69,6 +70,26 @@ class Command(BaseCommand):
         fault.add_argument("--kind", help="kill, disk, slow, ecc, xid, dcgm, sdc, gpu-missing")
         daemons = groups.add_parser("daemons", help="local cluster daemons")
         daemons.add_argument("action", choices=["stop"])
+        gce = groups.add_parser("gce", help="Compute Engine: the node image")
+        gce_nouns = gce.add_subparsers(dest="noun", required=True)
+        image_verbs = gce_nouns.add_parser("image", help="the node image").add_subparsers(
+            dest="verb", required=True
+        )
+        build = image_verbs.add_parser(
+            "build", help="build the node image (deploy/image/provision.sh) on a builder VM"
+        )
+        build.add_argument("--zone", required=True, help="where the builder VM runs")
+        build.add_argument("--base", default="", help="base image (default: Debian 12)")
+        build.add_argument("--machine-type", default="", help="builder machine type")
+        build.add_argument(
+            "--extras", metavar="FILE", help="a script run after provision.sh (GPU stack)"
+        )
+        build.add_argument(
+            "--external-ip", action="store_true", help="an external IP (no Cloud NAT)"
+        )
+        build.add_argument(
+            "--keep-builder", action="store_true", help="keep the builder VM after a failure"
+        )
         data = groups.add_parser("data", help="training data")
         data_verbs = data.add_subparsers(dest="verb", required=True)
         tokenize_argparser(
@@ -83,6 +104,8 @@ class Command(BaseCommand):
             getattr(self, f"cluster_{opts['verb']}")(opts)
         elif group == "data":
             self.data_tokenize(opts)
+        elif group == "gce":
+            self.gce_image_build(opts)
         else:
             getattr(self, group)(opts)
 
@@ -116,6 +139,31 @@ class Command(BaseCommand):
         self.stdout.write(f"operation {operation.pk} {operation.kind} {operation.target}")
         if wait:
             self._wait(operation)
+
+    # --- gce ----------------------------------------------------------------
+    def gce_image_build(self, opts) -> None:
+        from clusters.providers.gce import image_build
+        from clusters.providers.gce.provider import target_for
+
+        extras = ""
+        if opts["extras"]:
+            try:
+                extras = open(opts["extras"]).read()
+            except OSError as exc:
+                raise CommandError(f"Cannot read the extras script: {exc}") from exc
+        try:
+            name = image_build.image_build(
+                target_for({"zone": opts["zone"]}),
+                base_image=opts["base"] or image_build.DEFAULT_BASE,
+                machine_type=opts["machine_type"] or image_build.DEFAULT_MACHINE_TYPE,
+                extras=extras,
+                external_ip=opts["external_ip"],
+                keep_builder=opts["keep_builder"],
+                say=self.stdout.write,
+            )
+        except ProviderError as exc:
+            raise CommandError(f"{exc.code}: {exc}") from exc
+        self.stdout.write(f"image {name} is the newest of its family")
 
     # --- cluster verbs ---------------------------------------------------
     def _read_spec(self, path: str):
