@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import subprocess
 import tarfile
 
@@ -93,3 +94,49 @@ def test_an_image_from_a_running_builder_is_refused_as_compute_engine_does(compu
     api.send(request)
     with pytest.raises(ProviderError, match="already being used"):
         api.send(image_build.image_request(target, "img-1", "b1", base_image="img"))
+
+
+def test_gpu_builds_run_the_gpu_stack_after_provision(compute):  # noqa: F811
+    _build("--gpu")
+    metadata = {i["key"]: i["value"] for i in _builder_body(compute)["metadata"]["items"]}
+    assert metadata["mtc-gpu-stack"] == "TRUE" and "mtc-extras" not in metadata
+    script = metadata["startup-script"]
+    provision = script.index("deploy/image/provision.sh")
+    assert provision < script.index("bash /opt/mtc-src/deploy/image/gpu-stack.sh")
+
+
+def test_the_gpu_stack_installs_what_gpu_nodes_start():
+    """gpu-stack.sh's steps, listed (its repositories and a GPU are not here): the
+    driver with persistenced and the fabric manager, DCGM in the range the Ops Agent's
+    receiver takes, the Ops Agent, gcsfuse; and it leaves to the startup script exactly
+    the units a GPU node's startup script starts."""
+    proc = subprocess.run(
+        ["bash", str(image_build.REPO / "deploy/image/gpu-stack.sh")],
+        env={"MTC_IMAGE_DRY_RUN": "1", "PATH": "/usr/bin:/bin"},
+        text=True,
+        capture_output=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("step: ")]
+    text = "\n".join(steps)
+    assert "nvidia-open-570 nvidia-fabricmanager-570 nvidia-persistenced" in text
+    assert "datacenter-gpu-manager=1:3.3.9" in text  # Ops Agent: DCGM 3.1 to 3.3.9
+    assert "cloudagents/add-google-cloud-ops-agent-repo.sh" in text
+    assert "REPO_SUFFIX=2 bash /tmp/add-ops-agent-repo.sh --also-install" in text
+    assert "install -y -qq gcsfuse" in text
+    assert "not installed: the NCCL network plugin" in proc.stdout
+    disabled = set(steps[-1].rsplit("systemctl disable ", 1)[1].split())
+    from clusters.providers.gce import bootstrap
+
+    worker = (bootstrap.SCRIPTS / "worker.sh").read_text()
+    started = set(re.findall(r"systemctl (?:enable --now|restart) ([a-z-]+)", worker)) - {"slurmd"}
+    assert (
+        disabled
+        == started
+        == {
+            "nvidia-persistenced",
+            "nvidia-fabricmanager",
+            "nvidia-dcgm",
+            "google-cloud-ops-agent",
+        }
+    )

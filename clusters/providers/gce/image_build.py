@@ -1,10 +1,11 @@
 """`mtc gce image build`: the node image (image.py's contract) made on a builder VM.
 
 The builder boots a base image, unpacks mtc's node/ and deploy/image from its own
-metadata, runs deploy/image/provision.sh (and an operator's extras script, for the GPU
-and GCE pieces provision.sh leaves out), reports ``mtc/image`` as ``done`` or
-``failed: <why>``. mtc then stops it, makes an image of its boot disk in the
-family nodes boot from, and deletes the builder whatever happened.
+metadata, runs deploy/image/provision.sh, with ``gpu_stack`` deploy/image/gpu-stack.sh
+(NVIDIA driver, DCGM, the Ops Agent, gcsfuse), then an operator's extras script, and
+reports ``mtc/image`` as ``done`` or ``failed: <why>``. mtc then stops it, makes an
+image of its boot disk in the family nodes boot from, and deletes the builder whatever
+happened.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ curl -sf -H Metadata-Flavor:Google "$MD/attributes/mtc-source" | base64 -d \
   | tar -xz -C /opt/mtc-src || fail "could not unpack mtc's source from metadata"
 MTC_SOURCE=/opt/mtc-src bash /opt/mtc-src/deploy/image/provision.sh \
   || fail "provision.sh failed (the serial console has its log)"
+if [ "$(curl -sf -H Metadata-Flavor:Google "$MD/attributes/mtc-gpu-stack")" = TRUE ]; then
+  bash /opt/mtc-src/deploy/image/gpu-stack.sh \
+    || fail "gpu-stack.sh failed (the serial console has its log)"
+fi
 if curl -sf -H Metadata-Flavor:Google "$MD/attributes/mtc-extras" >/tmp/mtc-extras.sh; then
   bash /tmp/mtc-extras.sh || fail "the extras script failed (the serial console has its log)"
 fi
@@ -82,6 +87,7 @@ def builder_request(
     machine_type: str,
     source: bytes,
     extras: str = "",
+    gpu_stack: bool = False,
     external_ip: bool = False,
 ) -> ApiRequest:
     encoded = base64.b64encode(source).decode()
@@ -98,6 +104,8 @@ def builder_request(
         {"key": "mtc-role", "value": "image-builder"},
         {"key": "mtc-source", "value": encoded},
     ]
+    if gpu_stack:  # deploy/image/gpu-stack.sh: driver, DCGM, Ops Agent, gcsfuse
+        metadata.append({"key": "mtc-gpu-stack", "value": "TRUE"})
     if extras:
         metadata.append({"key": "mtc-extras", "value": extras})
     subnetwork = target.subnetwork or target.network
@@ -156,6 +164,7 @@ def image_build(
     base_image: str = DEFAULT_BASE,
     machine_type: str = DEFAULT_MACHINE_TYPE,
     extras: str = "",
+    gpu_stack: bool = False,
     external_ip: bool = False,
     keep_builder: bool = False,
     timeout_s: float = BUILD_TIMEOUT_S,
@@ -173,6 +182,7 @@ def image_build(
         machine_type=machine_type,
         source=source_archive(),
         extras=extras,
+        gpu_stack=gpu_stack,
         external_ip=external_ip,
     )
     say(f"builder {builder} ({machine_type}, from {base_image}) in {target.zone}")

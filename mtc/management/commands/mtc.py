@@ -9,7 +9,7 @@ python manage.py mtc bootstrap           # make sure the admin user exists
 python manage.py mtc demo                # create the demo cluster if there is none
 python manage.py mtc daemons stop        # stop every local cluster's daemons
 python manage.py mtc data tokenize IN OUT [--tokenizer F]  # pre-tokenized shards for pretraining
-python manage.py mtc gce image build --zone Z [--extras gpu.sh]  # the gce node image
+python manage.py mtc gce image build --zone Z [--gpu] [--extras F]  # the gce node image
 """
 
 from __future__ import annotations
@@ -82,8 +82,9 @@ class Command(BaseCommand):
         build.add_argument("--base", default="", help="base image (default: Debian 12)")
         build.add_argument("--machine-type", default="", help="builder machine type")
         build.add_argument(
-            "--extras", metavar="FILE", help="a script run after provision.sh (GPU stack)"
+            "--gpu", action="store_true", help="also deploy/image/gpu-stack.sh (GPU nodes)"
         )
+        build.add_argument("--extras", metavar="FILE", help="a script run after the others")
         build.add_argument(
             "--external-ip", action="store_true", help="an external IP (no Cloud NAT)"
         )
@@ -157,6 +158,7 @@ class Command(BaseCommand):
                 base_image=opts["base"] or image_build.DEFAULT_BASE,
                 machine_type=opts["machine_type"] or image_build.DEFAULT_MACHINE_TYPE,
                 extras=extras,
+                gpu_stack=opts["gpu"],
                 external_ip=opts["external_ip"],
                 keep_builder=opts["keep_builder"],
                 say=self.stdout.write,
