@@ -115,6 +115,41 @@ def test_parse_squeue_fields():
     assert running.gpus_per_node == 8 and running.reason == "" and running.restart_count == 2
 
 
+def pending_line(job_id: str, state: str, start: str) -> str:
+    fields = [job_id, job_id, "N/A", "wait", "root", "gpu", state, "Resources", "1", ""]
+    fields += ["1", "N/A", "UNLIMITED", "2026-11-30T19:00:00", start, "N/A", "0", "0"]
+    return line(*fields)
+
+
+def test_expected_start_is_a_pending_jobs_start_time_within_300_days():
+    now = datetime(2026, 11, 30, 19, 0, tzinfo=UTC)
+    text = "\n".join(
+        [
+            pending_line("10", "PENDING", "2026-11-30T19:30:00"),  # backfill's plan
+            pending_line("11", "PENDING", "2027-11-30T19:00:00"),  # a year: no plan
+            pending_line("12", "PENDING", "N/A"),
+            pending_line("13", "RUNNING", "2026-11-30T18:59:00"),  # started: not expected
+            pending_line("14", "PENDING", "2027-09-26T19:00:00"),  # 300 days: still a plan
+        ]
+    )
+    planned, year, unknown, running, edge = parse_squeue(text, now=now)
+    assert planned.expected_start_time == datetime(2026, 11, 30, 19, 30, tzinfo=UTC)
+    assert year.expected_start_time is None and year.start_time is not None
+    assert unknown.expected_start_time is None
+    assert running.expected_start_time is None and running.start_time is not None
+    assert edge.expected_start_time == datetime(2027, 9, 26, 19, 0, tzinfo=UTC)
+    soon, later = 1_796_083_200, 1_827_619_200  # 2026-12-01 and 2027-12-01, 00:00 UTC
+    data = {
+        "jobs": [
+            {"job_id": 20, "job_state": "PENDING", "start_time": soon},
+            {"job_id": 21, "job_state": "PENDING", "start_time": later},
+        ]
+    }
+    json_soon, json_later = parse_squeue_json(data, now=now)
+    assert json_soon.expected_start_time == datetime(2026, 12, 1, tzinfo=UTC)
+    assert json_later.expected_start_time is None
+
+
 def test_helpers():
     assert exit_code_from_status("0") == "0:0"
     assert exit_code_from_status("9") == "0:9"  # killed by SIGKILL
