@@ -126,17 +126,19 @@ def test_shares_three_to_one_give_a_three_of_every_four_starts(cluster):
         fs = {n: {p.fairshare for p in pending if owner[p.job_id] == n} for n in "ab"}
         assert min(fs[expected_first]) > max(fs["b" if expected_first == "a" else "a"]), fs
 
-        # The next starts under that rule, each identical job adding the same usage:
-        # Slurm's own figures (usage per job so far) say `a` gets about 3 of every 4.
+        # The starts that rule gives from here, each identical job adding the same
+        # usage (Slurm's usage per start so far): `a` gets about 3 of every 4. A long
+        # run, so where the usage stands now hardly moves the ratio.
         started = len(owner) - len(pending)
         per_start = (a.raw_usage + b.raw_usage) / max(started, 1)
         usage = {"a": float(a.raw_usage), "b": float(b.raw_usage)}
         starts = []
-        for _ in range(40):
+        for _ in range(200):
             nxt = min("ab", key=lambda n: usage[n] / shares[n].norm_shares)
             usage[nxt] += per_start
             starts.append(nxt)
-        print(f"used by a {used_by_a:.2f}; projected starts {''.join(starts)}")
-        assert 0.7 <= starts.count("a") / len(starts) <= 0.82, starts
+        share_of_starts = starts.count("a") / len(starts)
+        print(f"used by a {used_by_a:.2f}; a's share of the next 200 starts {share_of_starts}")
+        assert 0.72 <= share_of_starts <= 0.8, "".join(starts)
     finally:
         client.run(["scancel", f"--user={me}", "--account=a,b"], check=False)

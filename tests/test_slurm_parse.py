@@ -3,6 +3,7 @@
 from datetime import UTC, datetime
 
 from slurm.client import parse_sinfo_state
+from slurm.fairshare import parse_sprio, parse_sshare
 from slurm.queue import (
     SEP,
     exit_code_from_status,
@@ -302,3 +303,24 @@ def test_sacct_failures_say_whether_accounting_exists():
         )
     )
     assert down.configured and str(down) == "Problem talking to the database: Connection refused"
+
+
+def test_sshare_and_sprio_rows():
+    """`sshare --parsable2 --all` (an account's own row has no user; LevelFS is inf
+    while unused, empty before the priority thread's first round) and `sprio`."""
+    rows = parse_sshare(
+        "root|||0.000000|67||1.000000|\n"
+        "root|root|1|0.200000|0|0.000000|inf|1.000000\n"
+        "a||3|0.600000|45|0.671642|0.893333|\n"
+        "a|root|1|1.000000|45|1.000000|1.000000|0.666667\n"
+        "b||1|0.200000|22|0.328358||\n"
+    )
+    root_user, a, a_user, b = rows[1:]
+    assert root_user.level_fs == float("inf") and root_user.user == "root"
+    assert (a.account, a.user, a.raw_shares, a.raw_usage) == ("a", "", "3", 45)
+    assert a.norm_shares == 0.6 and a.level_fs == 0.893333
+    assert a_user.fairshare == 0.666667
+    assert b.level_fs == 0.0  # not computed yet
+    jobs = parse_sprio("  7|root|6667|0.6666667\n 5|root|3333|0.3333333\n 6|root|6667|0.6666667\n")
+    assert [(j.job_id, j.priority) for j in jobs] == [("6", 6667), ("7", 6667), ("5", 3333)]
+    assert jobs[-1].fairshare == 0.3333333
