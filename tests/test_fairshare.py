@@ -11,13 +11,17 @@ reports; it never counts starts against a clock."""
 
 import getpass
 import os
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from clusters import accounts as account_services
 from clusters import services as cluster_services
 from clusters.models import Cluster
 from clusters.providers import get_provider
+from jobs.models import Job
+from jobs.sync import jobs_sync
 from slurm import fairshare
 
 from .conftest import make_spec
@@ -73,6 +77,7 @@ def test_shares_three_to_one_give_a_three_of_every_four_starts(cluster):
                     f"--account={account}",
                     "--nodes=1",
                     "--exclusive",
+                    "--time=1",  # a limit lets the backfill scheduler plan starts
                     "--output=/dev/null",
                     f"--wrap=sleep {JOB_S}",
                 ]
@@ -137,8 +142,29 @@ def test_shares_three_to_one_give_a_three_of_every_four_starts(cluster):
             nxt = min("ab", key=lambda n: usage[n] / shares[n].norm_shares)
             usage[nxt] += per_start
             starts.append(nxt)
+
         share_of_starts = starts.count("a") / len(starts)
         print(f"used by a {used_by_a:.2f}; a's share of the next 200 starts {share_of_starts}")
         assert 0.72 <= share_of_starts <= 0.8, "".join(starts)
+
+        # The backlog's expected starts reach the queue (squeue's StartTime, planned by
+        # the backfill scheduler, which has run by now: it runs every 30 s).
+        def planned() -> list[Job]:
+            jobs_sync(cluster=cluster)
+            rows = Job.objects.filter(cluster=cluster, state="PENDING")
+            return [j for j in rows if j.expected_start_time]
+
+        soonest = min(
+            j.expected_start_time
+            for j in wait_until(
+                planned,
+                what=lambda: (
+                    "an expected start in the queue: "
+                    + client.run(["squeue", "--noheader", "--format=%i %T %S %r"]).stdout
+                ),
+                timeout=35,
+            )
+        )
+        assert timezone.now() - timedelta(minutes=1) < soonest < timezone.now() + timedelta(hours=1)
     finally:
         client.run(["scancel", f"--user={me}", "--account=a,b"], check=False)
