@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import create_views, views
+from . import account_views, create_views, views
 
 app_name = "clusters"
 
@@ -23,4 +23,17 @@ urlpatterns = [
     path("clusters/<slug:cluster_id>/fragment/", views.cluster_fragment, name="cluster_fragment"),
     path("clusters/<slug:cluster_id>/delete/", views.cluster_delete, name="cluster_delete"),
     path("clusters/<slug:cluster_id>/retry/", views.cluster_retry, name="cluster_retry"),
+    path("slurm-accounts/", account_views.account_list, name="account_list"),
+    path("slurm-accounts/<str:name>/", account_views.account_edit, name="account_edit"),
+    path("slurm-accounts/<str:name>/delete/", account_views.account_delete, name="account_delete"),
+    path(
+        "slurm-accounts/<str:name>/members/",
+        account_views.account_member_add,
+        name="account_member_add",
+    ),
+    path(
+        "slurm-accounts/<str:name>/members/<str:username>/remove/",
+        account_views.account_member_remove,
+        name="account_member_remove",
+    ),
 ]

@@ -28,6 +28,9 @@ class Job(models.Model):
     submit_time = models.DateTimeField(null=True, blank=True)
     start_time = models.DateTimeField(null=True, blank=True)
     end_time = models.DateTimeField(null=True, blank=True)
+    # When Slurm expects a pending job to start (squeue's StartTime while pending);
+    # null when it has no plan, and once the job is no longer pending.
+    expected_start_time = models.DateTimeField(null=True, blank=True)
     exit_code = models.CharField(max_length=16, blank=True, help_text="exit:signal, as Slurm")
     requeue_count = models.PositiveIntegerField(default=0)
     # From accounting (sacct), once the job has left the queue; null: not recorded.

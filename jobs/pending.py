@@ -64,8 +64,8 @@ def _resources(job: Job) -> str:
         job_number__lt=job.job_number,
     ).count()
     text = f"waiting for {nodes}{gpus}{part}; {ahead} job{'s' if ahead != 1 else ''} ahead"
-    if job.start_time and job.start_time > timezone.now():
-        local = timezone.localtime(job.start_time)
+    if job.expected_start_time and job.expected_start_time > timezone.now():
+        local = timezone.localtime(job.expected_start_time)
         text += f"; expected start {local:%H:%M}"
     return text
 

@@ -92,6 +92,7 @@ def _from_record(job: Job, record: AcctJob) -> dict:
         "exit_code": record.exit_code,
         "start_time": record.start_time or job.start_time,
         "end_time": record.end_time or job.end_time,
+        "expected_start_time": None,
         "elapsed_s": record.elapsed_s,
         "cpu_time_s": record.cpu_time_s,
         "max_rss_bytes": record.max_rss_bytes,

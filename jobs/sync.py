@@ -40,6 +40,7 @@ SYNCED = (
     "start_time",
     "end_time",
     "exit_code",
+    "expected_start_time",
 )
 # Fields an array task takes from the array's own row (what mtc knows, Slurm does not).
 INHERITED = ("owner_id", "submitted_by_mtc", "recipe", "options", "parameters")

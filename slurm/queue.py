@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 SEP = "\x1f"  # ASCII unit separator
 # (squeue -O field, attribute) in output order.
@@ -55,6 +55,21 @@ class QueueJob:
     end_time: datetime | None
     exit_code: str
     restart_count: int
+    # When Slurm (the backfill scheduler) expects a pending job to start; None when it
+    # does not know. Only pending jobs have one.
+    expected_start_time: datetime | None = None
+
+
+# Slurm puts a pending job it cannot plan for (held, over a limit, no node could ever
+# fit it) a year ahead: no expectation, not a date to show.
+EXPECTED_START_HORIZON = timedelta(days=300)
+
+
+def expected_start(state: str, start_time: datetime | None, now: datetime) -> datetime | None:
+    """A pending job's StartTime as an expectation, None when there is none."""
+    if state != "PENDING" or start_time is None:
+        return None
+    return start_time if start_time - now <= EXPECTED_START_HORIZON else None
 
 
 def parse_time(value: str) -> datetime | None:
@@ -87,7 +102,8 @@ def gpus_from_tres(tres: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def parse_squeue(text: str) -> list[QueueJob]:
+def parse_squeue(text: str, *, now: datetime | None = None) -> list[QueueJob]:
+    now = now or datetime.now(UTC)
     jobs: list[QueueJob] = []
     width = len(FIELDS)
     for line in text.splitlines():
@@ -99,6 +115,8 @@ def parse_squeue(text: str) -> list[QueueJob]:
         if not JOB_ID_RE.fullmatch(job_id):
             continue  # a pending array's summary line such as 12_[0-99]
         number, _, task = job_id.partition("_")
+        state = row["state"].split()[0].rstrip("+") if row["state"] else "UNKNOWN"
+        start_time = parse_time(row["start_time"])
         jobs.append(
             QueueJob(
                 job_id=job_id,
@@ -107,7 +125,7 @@ def parse_squeue(text: str) -> list[QueueJob]:
                 name=row["name"],
                 user=row["user"],
                 partition=row["partition"],
-                state=row["state"].split()[0].rstrip("+") if row["state"] else "UNKNOWN",
+                state=state,
                 reason="" if row["reason"] in ("None", "(null)") else row["reason"],
                 nodes=_int(row["nodes"], 1),
                 node_list="" if row["node_list"] in ("(null)", "N/A") else row["node_list"],
@@ -115,10 +133,11 @@ def parse_squeue(text: str) -> list[QueueJob]:
                 gpus_per_node=gpus_from_tres(row["tres_per_node"]),
                 time_limit=row["time_limit"],
                 submit_time=parse_time(row["submit_time"]),
-                start_time=parse_time(row["start_time"]),
+                start_time=start_time,
                 end_time=parse_time(row["end_time"]),
                 exit_code=exit_code_from_status(row["exit_code"]),
                 restart_count=_int(row["restart_count"]),
+                expected_start_time=expected_start(state, start_time, now),
             )
         )
     return jobs
@@ -150,9 +169,10 @@ def _number(value) -> int | None:
     return value
 
 
-def parse_squeue_json(data: dict) -> list[QueueJob]:
+def parse_squeue_json(data: dict, *, now: datetime | None = None) -> list[QueueJob]:
     """`squeue --json` (Slurm 22.05's openapi v0.0.38 shape; later shapes where they
     differ in the fields used here). A pending array is one record there: expanded."""
+    now = now or datetime.now(UTC)
     jobs = []
     for job in data.get("jobs", []):
         array_number = _number(job.get("array_job_id")) or 0
@@ -173,6 +193,7 @@ def parse_squeue_json(data: dict) -> list[QueueJob]:
             exit_text = exit_code_from_status(str(exit_code)) if exit_code is not None else ""
         reason = job.get("state_reason")
         limit = _number(job.get("time_limit"))
+        start_time = _json_time(job.get("start_time"))
         fields = dict(
             name=job.get("name", ""),
             user=job.get("user_name", ""),
@@ -185,10 +206,11 @@ def parse_squeue_json(data: dict) -> list[QueueJob]:
             gpus_per_node=gpus_from_tres(job.get("tres_per_node", "") or ""),
             time_limit="UNLIMITED" if limit is None else str(limit),
             submit_time=_json_time(job.get("submit_time")),
-            start_time=_json_time(job.get("start_time")),
+            start_time=start_time,
             end_time=_json_time(job.get("end_time")),
             exit_code=exit_text,
             restart_count=_int(job.get("restart_cnt", 0)),
+            expected_start_time=expected_start(state, start_time, now),
         )
         for task_id in tasks:
             job_id = f"{number}_{task_id}" if task_id is not None else str(number)

@@ -5,6 +5,8 @@ anything reaches Slurm: database-only, no daemons."""
 from datetime import timedelta
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
 from clusters.models import Cluster, SlurmAccount
@@ -31,10 +33,31 @@ def test_resources_count_the_jobs_ahead_and_show_the_expected_start(cluster):
     job(cluster, 1, reason="Resources")
     job(cluster, 2, reason="Priority")
     soon = timezone.now() + timedelta(minutes=30)
-    waiting = job(cluster, 3, nodes=2, gpus_per_node=8, reason="Resources", start_time=soon)
+    waiting = job(
+        cluster, 3, nodes=2, gpus_per_node=8, reason="Resources", expected_start_time=soon
+    )
     text = pending_explanation(waiting)
     assert text.startswith("waiting for 2 free nodes with 8 GPUs in partition gpu; 2 jobs ahead")
     assert f"expected start {timezone.localtime(soon):%H:%M}" in text
+
+
+def test_the_expected_start_shows_on_the_job_page_the_queue_and_the_api(cluster, user, user_api):
+    soon = timezone.now() + timedelta(minutes=40)
+    waiting = job(cluster, 7, reason="Resources", expected_start_time=soon, owner=user)
+    unplanned = job(cluster, 8, reason="Resources", owner=user)
+    page = Client()
+    page.force_login(user)
+    local = timezone.localtime(soon)
+    detail = page.get(reverse("jobs:detail", args=["pr", waiting.job_id])).content.decode()
+    assert f"expected start {local:%H:%M}" in detail
+    assert f"{local:%Y-%m-%d %H:%M}" in detail  # the Expected start row
+    queue = page.get(reverse("jobs:queue", args=["pr"])).content.decode()
+    assert "expected <time datetime=" in queue and f"{local:%m-%d %H:%M}" in queue
+    body = user_api.get(f"/api/v1/clusters/pr/jobs/{waiting.job_id}").json()
+    assert body["expected_start_time"] == soon.isoformat().replace("+00:00", "Z")
+    other = user_api.get(f"/api/v1/clusters/pr/jobs/{unplanned.job_id}").json()
+    assert other["expected_start_time"] is None
+    assert "expected start" not in pending_explanation(unplanned)
 
 
 def test_a_group_gpu_limit_names_the_account_and_the_gpus_in_use(cluster):

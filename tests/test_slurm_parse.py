@@ -3,6 +3,7 @@
 from datetime import UTC, datetime
 
 from slurm.client import parse_sinfo_state
+from slurm.fairshare import parse_sprio, parse_sshare
 from slurm.queue import (
     SEP,
     exit_code_from_status,
@@ -113,6 +114,41 @@ def test_parse_squeue_fields():
     assert task.reason == "JobHeldUser" and task.start_time is None
     assert running.nodes == 2 and running.node_list == "sq-gpu-[0-1]"
     assert running.gpus_per_node == 8 and running.reason == "" and running.restart_count == 2
+
+
+def pending_line(job_id: str, state: str, start: str) -> str:
+    fields = [job_id, job_id, "N/A", "wait", "root", "gpu", state, "Resources", "1", ""]
+    fields += ["1", "N/A", "UNLIMITED", "2026-11-30T19:00:00", start, "N/A", "0", "0"]
+    return line(*fields)
+
+
+def test_expected_start_is_a_pending_jobs_start_time_within_300_days():
+    now = datetime(2026, 11, 30, 19, 0, tzinfo=UTC)
+    text = "\n".join(
+        [
+            pending_line("10", "PENDING", "2026-11-30T19:30:00"),  # backfill's plan
+            pending_line("11", "PENDING", "2027-11-30T19:00:00"),  # a year: no plan
+            pending_line("12", "PENDING", "N/A"),
+            pending_line("13", "RUNNING", "2026-11-30T18:59:00"),  # started: not expected
+            pending_line("14", "PENDING", "2027-09-26T19:00:00"),  # 300 days: still a plan
+        ]
+    )
+    planned, year, unknown, running, edge = parse_squeue(text, now=now)
+    assert planned.expected_start_time == datetime(2026, 11, 30, 19, 30, tzinfo=UTC)
+    assert year.expected_start_time is None and year.start_time is not None
+    assert unknown.expected_start_time is None
+    assert running.expected_start_time is None and running.start_time is not None
+    assert edge.expected_start_time == datetime(2027, 9, 26, 19, 0, tzinfo=UTC)
+    soon, later = 1_796_083_200, 1_827_619_200  # 2026-12-01 and 2027-12-01, 00:00 UTC
+    data = {
+        "jobs": [
+            {"job_id": 20, "job_state": "PENDING", "start_time": soon},
+            {"job_id": 21, "job_state": "PENDING", "start_time": later},
+        ]
+    }
+    json_soon, json_later = parse_squeue_json(data, now=now)
+    assert json_soon.expected_start_time == datetime(2026, 12, 1, tzinfo=UTC)
+    assert json_later.expected_start_time is None
 
 
 def test_helpers():
@@ -267,3 +303,24 @@ def test_sacct_failures_say_whether_accounting_exists():
         )
     )
     assert down.configured and str(down) == "Problem talking to the database: Connection refused"
+
+
+def test_sshare_and_sprio_rows():
+    """`sshare --parsable2 --all` (an account's own row has no user; LevelFS is inf
+    while unused, empty before the priority thread's first round) and `sprio`."""
+    rows = parse_sshare(
+        "root|||0.000000|67||1.000000|\n"
+        "root|root|1|0.200000|0|0.000000|inf|1.000000\n"
+        "a||3|0.600000|45|0.671642|0.893333|\n"
+        "a|root|1|1.000000|45|1.000000|1.000000|0.666667\n"
+        "b||1|0.200000|22|0.328358||\n"
+    )
+    root_user, a, a_user, b = rows[1:]
+    assert root_user.level_fs == float("inf") and root_user.user == "root"
+    assert (a.account, a.user, a.raw_shares, a.raw_usage) == ("a", "", "3", 45)
+    assert a.norm_shares == 0.6 and a.level_fs == 0.893333
+    assert a_user.fairshare == 0.666667
+    assert b.level_fs == 0.0  # not computed yet
+    jobs = parse_sprio("  7|root|6667|0.6666667\n 5|root|3333|0.3333333\n 6|root|6667|0.6666667\n")
+    assert [(j.job_id, j.priority) for j in jobs] == [("6", 6667), ("7", 6667), ("5", 3333)]
+    assert jobs[-1].fairshare == 0.3333333

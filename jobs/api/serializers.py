@@ -59,6 +59,11 @@ class JobSerializer(serializers.Serializer):
     submit_time = serializers.DateTimeField(allow_null=True)
     start_time = serializers.DateTimeField(allow_null=True)
     end_time = serializers.DateTimeField(allow_null=True)
+    expected_start_time = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When Slurm expects a pending job to start; null when it has no plan "
+        "(held, over a limit) and once the job started",
+    )
     exit_code = serializers.CharField(help_text="exit:signal, as Slurm; empty until it ends")
     requeue_count = serializers.IntegerField()
     elapsed_s = serializers.IntegerField(
@@ -115,6 +120,7 @@ JOB_ROW_FIELDS = (
     "submit_time",
     "start_time",
     "end_time",
+    "expected_start_time",
     "exit_code",
     "requeue_count",
     "elapsed_s",
@@ -154,6 +160,7 @@ def job_row_representation(row: dict) -> dict:
         "submit_time": _iso(row["submit_time"]),
         "start_time": _iso(row["start_time"]),
         "end_time": _iso(row["end_time"]),
+        "expected_start_time": _iso(row["expected_start_time"]),
         "exit_code": row["exit_code"],
         "requeue_count": row["requeue_count"],
         "elapsed_s": row["elapsed_s"],
