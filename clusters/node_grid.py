@@ -35,7 +35,7 @@ def _tile(node, href_prefix: str) -> str:
     if node.spare:
         badge += (
             ' <span class="tag tag-spare" data-testid="node-spare" title="A hot spare: held '
-            'idle to take a failed node\'s place at once">spare</span>'
+            "idle to take a failed node's place at once\">spare</span>"
         )
     if node.gpus:
         meta = f'<span class="node-gpus">{node.gpus} × {escape(gpu_label(node.gpu_type))}</span>'

@@ -9,7 +9,7 @@ import pytest
 from clusters import spares
 from clusters.choices import NodeLifecycle
 from clusters.models import Cluster, Node, NodePool
-from clusters.spec import SpecError, validate_cluster_spec
+from clusters.spec import SpecError, validate_cluster_patch, validate_cluster_spec
 from slurm.client import SlurmNode
 
 from .conftest import make_spec
@@ -239,3 +239,15 @@ def test_without_spares_a_repaired_node_goes_back_to_work(db, slurm):
     client = slurm(RecordingSlurm({"sp-gpu-0": slurm_node("sp-gpu-0", flags=("DRAIN",))}))
     assert spares.node_return_to_service(Node.objects.get(name="sp-gpu-0")) == "service"
     assert client.updates == [("sp-gpu-0", "RESUME", "")]
+
+
+def test_a_resize_may_not_leave_only_spares():
+    spec = make_spec("sp", nodes=3)
+    spec["node_pools"][1]["spare_node_count"] = 1
+    clean = validate_cluster_spec(spec)
+    body = {"node_pools": [{"id": "gpu", "scaling_spec": {"min_node_count": 1}}]}
+    with pytest.raises(SpecError) as info:
+        validate_cluster_patch(clean, body)
+    assert set(info.value.fields) == {"node_pools[1].spare_node_count"}
+    body["node_pools"][0]["scaling_spec"]["min_node_count"] = 2
+    assert validate_cluster_patch(clean, body)["node_pools"][1]["spare_node_count"] == 1
