@@ -25,6 +25,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,6 +75,31 @@ def tick(cluster, *, agents_on: list[str]) -> None:
     cluster_health_poll(cluster)
 
 
+class RunningWatch(threading.Thread):
+    """Slurm's own view, polled beside the control plane's loop: when the requeued job is
+    RUNNING again, and on how many nodes. (Here the repair runs inline in the loop's poll,
+    as an eager task, so the loop itself sees the job only after the whole repair; with
+    workers the poller goes on meanwhile.) Only squeue: no database from this thread."""
+
+    def __init__(self, cluster, job_id: str):
+        super().__init__(daemon=True)
+        self.client = get_provider("local").slurm(cluster)
+        self.job_id = job_id
+        info = self.client.job(job_id)
+        self.restarts = info.restart_count if info else 0
+        self.when: float | None = None
+        self.nodes: int | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            info = self.client.job(self.job_id)
+            if info and info.state == "RUNNING" and info.restart_count > self.restarts:
+                self.when, self.nodes = time.time(), info.nodes
+                return
+            self.done.wait(0.1)
+
+
 def job_hosts(cluster, node_list: str) -> list[str]:
     client = get_provider("local").slurm(cluster)
     return client.run(["scontrol", "show", "hostnames", node_list]).stdout.split()
@@ -104,6 +130,8 @@ def one_run(cluster, owner, kind: str) -> dict:
     )
     tick(cluster, agents_on=[])
     step_at_fault = Job.objects.get(pk=job.pk).metrics.get("step", 0)
+    watch = RunningWatch(cluster, job.job_id)
+    watch.start()
     fault_time = time.time()
     since = datetime.fromtimestamp(fault_time, tz=UTC)
     fault_inject(node=victim, kind=fault)
@@ -127,6 +155,8 @@ def one_run(cluster, owner, kind: str) -> dict:
         ):
             break
         time.sleep(0.2 if running_again else TICK_S / 4)
+    watch.done.set()
+    watch.join(timeout=5)
     failure = (
         NodeFailure.objects.filter(node=victim, first_seen__gte=since)
         .order_by("first_seen")
@@ -152,13 +182,14 @@ def one_run(cluster, owner, kind: str) -> dict:
         "detected": failure.first_seen.timestamp() - fault_time if failure else None,
         "drained": repair.start_time.timestamp() - fault_time if repair else None,
         "requeued": requeued.time.timestamp() - fault_time if requeued else None,
-        "running": running_again - fault_time if running_again else None,
+        # Slurm's moment where it was seen, else the loop's.
+        "running": (watch.when or running_again) - fault_time if running_again else None,
         "first_step": first_step.time.timestamp() - fault_time if first_step else None,
         # Steps done before the fault that the resumed run trains again.
         "steps_lost": max(0, step_at_fault - resumed_from) if resumed_from is not None else None,
         "resumed_from": resumed_from,
         "spare": repair.spare_node.name if repair and repair.spare_node_id else "-",
-        "nodes_again": len(hosts_again) if running_again else None,
+        "nodes_again": watch.nodes or (len(hosts_again) if running_again else None),
         "victim_back_as": _back_as(cluster, victim) if kind == "kill-with-spare" else "-",
     }
     try:
