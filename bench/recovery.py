@@ -5,7 +5,11 @@ job's nodes and print the timeline: fault -> detected -> repair started (drain) 
 job requeued -> job running again -> first new training step, and the steps lost.
 Over several runs, the medians.
 
-    .venv/bin/python bench/recovery.py [--runs 3] [--kinds kill,disk,slow]
+``kill-with-spare`` is ``kill`` on a pool of 3 nodes with one hot spare
+(``spare_node_count: 1``): the 2-node job fills the pool but for the spare, so it can
+only run again at full size because the spare stands in; the spare column names it.
+
+    .venv/bin/python bench/recovery.py [--runs 3] [--kinds kill,disk,slow,kill-with-spare]
 
 The control plane's loops run in this process at their production cadence: the
 poller every 2 s (jobs, metrics, controller-side health), the node agents every 2 s
@@ -15,11 +19,13 @@ poller every 2 s (jobs, metrics, controller-side health), the node agents every 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +46,7 @@ from clusters import services as cluster_services  # noqa: E402
 from clusters.demo import DEMO_SPEC  # noqa: E402
 from clusters.models import Cluster, Node  # noqa: E402
 from clusters.providers import get_provider  # noqa: E402
+from clusters.spares import SPARE_REASON  # noqa: E402
 from health.faults import fault_clear, fault_inject  # noqa: E402
 from health.models import NodeFailure, Repair  # noqa: E402
 from health.poll import cluster_health_poll  # noqa: E402
@@ -68,7 +75,38 @@ def tick(cluster, *, agents_on: list[str]) -> None:
     cluster_health_poll(cluster)
 
 
+class RunningWatch(threading.Thread):
+    """Slurm's own view, polled beside the control plane's loop: when the requeued job is
+    RUNNING again, and on how many nodes. (Here the repair runs inline in the loop's poll,
+    as an eager task, so the loop itself sees the job only after the whole repair; with
+    workers the poller goes on meanwhile.) Only squeue: no database from this thread."""
+
+    def __init__(self, cluster, job_id: str):
+        super().__init__(daemon=True)
+        self.client = get_provider("local").slurm(cluster)
+        self.job_id = job_id
+        info = self.client.job(job_id)
+        self.restarts = info.restart_count if info else 0
+        self.when: float | None = None
+        self.nodes: int | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            info = self.client.job(self.job_id)
+            if info and info.state == "RUNNING" and info.restart_count > self.restarts:
+                self.when, self.nodes = time.time(), info.nodes
+                return
+            self.done.wait(0.1)
+
+
+def job_hosts(cluster, node_list: str) -> list[str]:
+    client = get_provider("local").slurm(cluster)
+    return client.run(["scontrol", "show", "hostnames", node_list]).stdout.split()
+
+
 def one_run(cluster, owner, kind: str) -> dict:
+    fault = "kill" if kind == "kill-with-spare" else kind
     job = recipe_launch(
         cluster=cluster,
         recipe_id="llama-pretrain",
@@ -79,12 +117,7 @@ def one_run(cluster, owner, kind: str) -> dict:
         tick(cluster, agents_on=[])
         time.sleep(0.5)
     job.refresh_from_db()
-    names = (
-        get_provider("local")
-        .slurm(cluster)
-        .run(["scontrol", "show", "hostnames", job.node_list])
-        .stdout.split()
-    )
+    names = job_hosts(cluster, job.node_list)
     victim = Node.objects.get(cluster=cluster, name=names[-1])
     agents = (
         [victim.name]
@@ -97,10 +130,12 @@ def one_run(cluster, owner, kind: str) -> dict:
     )
     tick(cluster, agents_on=[])
     step_at_fault = Job.objects.get(pk=job.pk).metrics.get("step", 0)
+    watch = RunningWatch(cluster, job.job_id)
+    watch.start()
     fault_time = time.time()
     since = datetime.fromtimestamp(fault_time, tz=UTC)
-    fault_inject(node=victim, kind=kind)
-    running_again = None
+    fault_inject(node=victim, kind=fault)
+    running_again, hosts_again = None, []
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         tick(cluster, agents_on=agents)
@@ -108,6 +143,8 @@ def one_run(cluster, owner, kind: str) -> dict:
         repair = Repair.objects.filter(node=victim, create_time__gte=since).first()
         if repair and repair.jobs_requeued and current.state == "RUNNING" and not running_again:
             running_again = time.time()
+            # Slurm starts a job on all its nodes or not at all: running is full size.
+            hosts_again = job_hosts(cluster, current.node_list)
         resumed = current.metrics.get("resumed_from_step")
         if (
             running_again
@@ -118,6 +155,8 @@ def one_run(cluster, owner, kind: str) -> dict:
         ):
             break
         time.sleep(0.2 if running_again else TICK_S / 4)
+    watch.done.set()
+    watch.join(timeout=5)
     failure = (
         NodeFailure.objects.filter(node=victim, first_seen__gte=since)
         .order_by("first_seen")
@@ -143,11 +182,15 @@ def one_run(cluster, owner, kind: str) -> dict:
         "detected": failure.first_seen.timestamp() - fault_time if failure else None,
         "drained": repair.start_time.timestamp() - fault_time if repair else None,
         "requeued": requeued.time.timestamp() - fault_time if requeued else None,
-        "running": running_again - fault_time if running_again else None,
+        # Slurm's moment where it was seen, else the loop's.
+        "running": (watch.when or running_again) - fault_time if running_again else None,
         "first_step": first_step.time.timestamp() - fault_time if first_step else None,
         # Steps done before the fault that the resumed run trains again.
         "steps_lost": max(0, step_at_fault - resumed_from) if resumed_from is not None else None,
         "resumed_from": resumed_from,
+        "spare": repair.spare_node.name if repair and repair.spare_node_id else "-",
+        "nodes_again": watch.nodes or (len(hosts_again) if running_again else None),
+        "victim_back_as": _back_as(cluster, victim) if kind == "kill-with-spare" else "-",
     }
     try:
         job_control(job=Job.objects.get(pk=job.pk), action="cancel", actor="bench")
@@ -155,6 +198,15 @@ def one_run(cluster, owner, kind: str) -> dict:
         pass
     fault_clear(node=victim)
     return row
+
+
+def _back_as(cluster, victim: Node) -> str:
+    """What the repaired node came back as: the pool's spare, in service, or still out."""
+    node = Node.objects.get(pk=victim.pk)
+    info = {n.name: n for n in get_provider("local").slurm(cluster).nodes()}.get(node.name)
+    if node.spare and info is not None and info.reason == SPARE_REASON:
+        return "spare"
+    return "service" if info is not None and "DRAIN" not in info.flags else "out"
 
 
 def fmt(value) -> str:
@@ -168,9 +220,19 @@ def main() -> None:
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     owner = get_user_model().objects.create_user("bench", password="bench-pass-1")
-    spec = dict(DEMO_SPEC, cluster_id="recovery")
-    cluster_services.cluster_create(spec=spec, owner=owner)
-    cluster = Cluster.objects.get(cluster_id="recovery")
+    kinds = args.kinds.split(",")
+    clusters = {}
+    if any(k != "kill-with-spare" for k in kinds):
+        cluster_services.cluster_create(spec=dict(DEMO_SPEC, cluster_id="recovery"), owner=owner)
+        clusters["plain"] = Cluster.objects.get(cluster_id="recovery")
+    if "kill-with-spare" in kinds:
+        # A pool of 3 with one spare: the 2-node job leaves no free node but the spare. A
+        # short id: slurmstepd's socket path (data dir, id, node name) must fit 108 bytes.
+        spec = copy.deepcopy(dict(DEMO_SPEC, cluster_id="spares"))
+        spec["node_pools"][1]["scaling_spec"] = {"min_node_count": 3, "max_node_count": 3}
+        spec["node_pools"][1]["spare_node_count"] = 1
+        cluster_services.cluster_create(spec=spec, owner=owner)
+        clusters["spare"] = Cluster.objects.get(cluster_id="spares")
     columns = (
         "kind",
         "node",
@@ -183,6 +245,9 @@ def main() -> None:
         "first_step",
         "steps_lost",
         "resumed_from",
+        "spare",
+        "nodes_again",
+        "victim_back_as",
     )
     print(
         "seconds after the fault; steps lost: steps done before the fault that the job "
@@ -191,33 +256,40 @@ def main() -> None:
     print("  ".join(f"{c:>12}" for c in columns))
     rows = []
     try:
-        for kind in args.kinds.split(","):
+        for kind in kinds:
+            cluster = clusters["spare" if kind == "kill-with-spare" else "plain"]
             for _ in range(args.runs):
                 row = one_run(cluster, owner, kind)
                 rows.append(row)
                 print("  ".join(f"{fmt(row[c]):>12}" for c in columns), flush=True)
         print()
-        for kind in args.kinds.split(","):
+        for kind in kinds:
             mine = [r for r in rows if r["kind"] == kind and r["running"] is not None]
             if mine:
                 print(
-                    f"{kind}: median fault -> running again "
-                    f"{statistics.median(r['running'] for r in mine):.1f} s, "
+                    f"{kind}: median fault -> detected "
+                    f"{statistics.median(r['detected'] for r in mine):.1f} s, -> running again "
+                    f"{statistics.median(r['running'] for r in mine):.1f} s "
+                    f"(max {max(r['running'] for r in mine):.1f}), "
                     f"-> first new step {statistics.median(r['first_step'] for r in mine):.1f} s,"
                     f" most steps lost {max(r['steps_lost'] or 0 for r in mine)} "
                     f"over {len(mine)} run(s)"
                 )
-        jobs_sync(cluster=cluster)  # the cancelled jobs' last states, for their GPU time
-        good = goodput("recovery")
-        if good["goodput"] is not None:
+        for cluster in clusters.values():
+            jobs_sync(cluster=cluster)  # the cancelled jobs' last states, for their GPU time
+            good = goodput(cluster.cluster_id)
+            if good["goodput"] is None:
+                continue
             print(
-                f"goodput (health.selectors.goodput) over these runs: {100 * good['goodput']:.1f}%"
+                f"goodput on {cluster.cluster_id} (health.selectors.goodput): "
+                f"{100 * good['goodput']:.1f}%"
                 f" of {good['held_gpu_s']:.0f} GPU-s held by {good['jobs']} job(s); lost "
                 f"{good['restart_gpu_s']:.0f} restarting + {good['redo_gpu_s']:.0f} redoing "
                 f"steps over {good['interruptions']} interruption(s)"
             )
     finally:
-        get_provider("local").delete_cluster(cluster)
+        for cluster in clusters.values():
+            get_provider("local").delete_cluster(cluster)
         shutil.rmtree(TMP, ignore_errors=True)
 
 

@@ -46,6 +46,9 @@ class NodePool(models.Model):
     is_login = models.BooleanField(default=False)
     partitions = models.JSONField(default=list, help_text="Slurm partitions this pool is in.")
     target_node_count = models.PositiveIntegerField(default=0)
+    # Nodes held idle (drained with reason "spare") to stand in at once for a node a
+    # repair takes out (clusters/spares.py).
+    spare_node_count = models.PositiveIntegerField(default=0)
     # The median of its nodes' latest speed figures (health's speed check), kept for a
     # short while so that a report is judged without reading the whole pool each time.
     speed_median = models.FloatField(null=True, blank=True)
@@ -77,6 +80,9 @@ class Node(models.Model):
     last_report_time = models.DateTimeField(null=True, blank=True)
     # GFLOP/s of the speed check in the agent's latest report (None: it had none).
     speed_gflops = models.FloatField(null=True, blank=True)
+    # A hot spare: healthy, held out of work in Slurm (DRAIN, reason "spare") until a
+    # repair takes another node of its pool out (clusters/spares.py).
+    spare = models.BooleanField(default=False)
     agent_token_hash = models.CharField(max_length=64, blank=True)
     gpus = models.PositiveIntegerField(default=0)
     gpu_type = models.CharField(max_length=40, blank=True)

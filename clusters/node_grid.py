@@ -32,6 +32,11 @@ def _tile(node, href_prefix: str) -> str:
         if node.health != "UNKNOWN"
         else ""
     )
+    if node.spare:
+        badge += (
+            ' <span class="tag tag-spare" data-testid="node-spare" title="A hot spare: held '
+            "idle to take a failed node's place at once\">spare</span>"
+        )
     if node.gpus:
         meta = f'<span class="node-gpus">{node.gpus} × {escape(gpu_label(node.gpu_type))}</span>'
         if node.gpus_emulated:
@@ -46,7 +51,8 @@ def _tile(node, href_prefix: str) -> str:
         note = ""
     return (
         f'<a class="node-tile tone-{node_tone(node.slurm_state)}" data-node="{name}" '
-        f'data-state="{state}" data-health="{health}" href="{href_prefix}{name}/" '
+        f'data-state="{state}" data-health="{health}" data-spare="{int(bool(node.spare))}" '
+        f'href="{href_prefix}{name}/" '
         f'title="{title}"><div class="node-top"><span class="node-dot" aria-hidden="true">'
         f'</span><span class="node-name">{name}</span></div><div class="node-row">'
         f'<div class="node-state">{state}</div>{badge}</div><div class="node-meta">{meta}'

@@ -39,6 +39,7 @@ from .models import Cluster, Node, NodePool, Operation
 from .providers import ProviderError, get_provider
 from .services import operation_enqueue
 from .signals import cluster_deleting
+from .spares import spares_assign
 
 log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=10)
@@ -297,6 +298,9 @@ def _reconcile_cluster(operation: Operation) -> None:
                 provider.apply(cluster, nodes)
     cluster.nodes.update(lifecycle=NodeLifecycle.ACTIVE)
     provider.nodes_ready(cluster, nodes)
+    if cluster.pools.filter(spare_node_count__gt=0).exists():
+        operation_progress(operation, 90, "Holding the pools' spare nodes")
+        spares_assign(cluster=cluster)
     nodes_sync(cluster=cluster, provider=provider)
     Cluster.objects.filter(pk=cluster.pk).exclude(state=ClusterState.DELETING).update(
         state=ClusterState.RUNNING, state_message="", update_time=timezone.now()

@@ -40,6 +40,7 @@ NODE_TILE_FIELDS = (
     "name",
     "slurm_state",
     "slurm_reason",
+    "spare",
     "health",
     "health_message",
     "gpus",

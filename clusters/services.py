@@ -59,6 +59,7 @@ def _sync_pools(cluster: Cluster) -> None:
                     p["id"] for p in slurm["partitions"] if pool["id"] in p["node_pool_ids"]
                 ],
                 "target_node_count": pool["scaling_spec"]["min_node_count"],
+                "spare_node_count": pool.get("spare_node_count", 0),
             },
         )
 

@@ -202,6 +202,19 @@ def _check_scaling(c: _Checker, scaling: Any, path: str, provider: str) -> None:
         c.fail(f"{path}.max_node_count", "Must be at least min_node_count.")
 
 
+def _check_spares(c: _Checker, pool: dict, path: str) -> None:
+    """Hot spares (clusters/spares.py) come out of the pool's own nodes: at least one node
+    must be left to take work."""
+    spares = c.integer(pool.get("spare_node_count"), f"{path}.spare_node_count", required=False)
+    scaling = pool.get("scaling_spec")
+    count = scaling.get("min_node_count") if isinstance(scaling, dict) else None
+    if spares and isinstance(count, int) and not isinstance(count, bool) and spares >= count:
+        c.fail(
+            f"{path}.spare_node_count",
+            f"Must be less than the pool's node count ({count}): spares are idle nodes of it.",
+        )
+
+
 def _check_machine_spec(c: _Checker, machine: Any, path: str, provider: str) -> None:
     machine = c.obj(machine, path)
     if machine is None:
@@ -284,7 +297,15 @@ def _check_pool(c: _Checker, pool: Any, path: str, provider: str) -> str | None:
         return None
     c.unknown(
         pool,
-        {"id", "machine_spec", "scaling_spec", "provisioning_model", "boot_disk", "zone"},
+        {
+            "id",
+            "machine_spec",
+            "scaling_spec",
+            "spare_node_count",
+            "provisioning_model",
+            "boot_disk",
+            "zone",
+        },
         path,
     )
     pool_id = c.string(
@@ -295,6 +316,7 @@ def _check_pool(c: _Checker, pool: Any, path: str, provider: str) -> str | None:
     )
     _check_machine_spec(c, pool.get("machine_spec"), f"{path}.machine_spec", provider)
     _check_scaling(c, pool.get("scaling_spec"), f"{path}.scaling_spec", provider)
+    _check_spares(c, pool, path)
     model = c.string(
         pool.get("provisioning_model"),
         f"{path}.provisioning_model",
@@ -703,6 +725,12 @@ def validate_cluster_spec(data: Any) -> dict:
         elif pool_id:
             pools[pool_id] = pool
     _check_slurm(c, spec.get("orchestrator_spec"), pools)
+    orchestrator = spec.get("orchestrator_spec")
+    slurm_spec = orchestrator.get("slurm_spec") if isinstance(orchestrator, dict) else None
+    login = slurm_spec.get("login_node_pool_id") if isinstance(slurm_spec, dict) else None
+    for i, pool in enumerate(raw_pools):
+        if isinstance(pool, dict) and pool.get("id") == login and pool.get("spare_node_count"):
+            c.fail(f"node_pools[{i}].spare_node_count", "The login pool has no spares.")
     if provider == "gce" and isinstance(spec.get("cluster_id"), str):
         for i, pool in enumerate(raw_pools):
             _check_node_name_length(c, spec["cluster_id"], pool, f"node_pools[{i}]")

@@ -76,6 +76,10 @@ class Repair(models.Model):
         Operation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     jobs_requeued = models.JSONField(default=list, blank=True)
+    # The spare of the node's pool that took its place when the repair drained it.
+    spare_node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     create_time = models.DateTimeField(auto_now_add=True)
     start_time = models.DateTimeField(null=True, blank=True)
     end_time = models.DateTimeField(null=True, blank=True)

@@ -1,6 +1,7 @@
-"""Carrying out a repair (an Operation of kind REPAIR_NODE): drain the node, requeue
-its jobs so they resume elsewhere from their checkpoints, run the action through
-the provider, and return the node to service only once it passes its checks."""
+"""Carrying out a repair (an Operation of kind REPAIR_NODE): drain the node, put a spare
+of its pool in its place (clusters/spares.py), requeue its jobs so they resume elsewhere
+from their checkpoints, run the action through the provider, and return the node to
+service (or to the spares) only once it passes its checks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.utils import timezone
 from clusters.models import Node, Operation
 from clusters.operations import operation_progress
 from clusters.providers import Provider, get_provider
+from clusters.spares import node_return_to_service, spare_stand_in
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job, JobEvent
 from slurm import SlurmError
@@ -78,6 +80,29 @@ def _start_requeued_now(client, job_ids: list[str], timeout: float = 20) -> None
         time.sleep(0.2)
 
 
+def _spare_for(repair: Repair) -> Node | None:
+    """A spare of the pool takes the drained node's place, once per failure (a repair that
+    escalates, or a drain upgraded to the repair it held, keeps the first one's spare)."""
+    node = repair.node
+    if repair.spare_node_id:  # this repair ran before (a worker died): its spare stood in
+        return Node.objects.filter(pk=repair.spare_node_id).first()
+    if repair.failure_id and (
+        Repair.objects.filter(failure_id=repair.failure_id, spare_node__isnull=False)
+        .exclude(pk=repair.pk)
+        .exists()
+    ):
+        return None
+    try:
+        spare = spare_stand_in(node=node)
+    except SlurmError as exc:  # the repair goes on; the jobs wait for a free node instead
+        log.warning("no spare for %s: %s", node.name, exc)
+        return None
+    if spare is not None:
+        Repair.objects.filter(pk=repair.pk).update(spare_node=spare)
+        log.info("%s stands in for %s", spare.name, node.name)
+    return spare
+
+
 def _checks_pass(node: Node, provider, action: str) -> tuple[bool, str]:
     """Run the node's checks once, now, with the deeper DCGM level a node about to return
     to service gets, and store them as a report."""
@@ -112,9 +137,13 @@ def repair_execute(operation: Operation) -> None:
         # A dead node cannot end its part of a job: DOWN tells Slurm so at once (the
         # drain stays, so the node does not take work when it comes back unchecked).
         provider.slurm(cluster).node_update([node.name], state="DOWN", reason=f"mtc: {mode}")
+    spare = _spare_for(repair)
     operation_progress(operation, 20, "Requeueing the node's jobs")
     requeued = node_jobs_requeue(node=node, job_ids=job_ids, cause=mode)
     Repair.objects.filter(pk=repair.pk).update(jobs_requeued=requeued)
+    if spare is not None and requeued:
+        # The spare is free now: the jobs start at full size without waiting for the repair.
+        _start_requeued_now(provider.slurm(cluster), [j["job_id"] for j in requeued])
     operation_progress(operation, 40, f"{repair.action} {node.name}")
     if repair.action == RepairAction.REBOOT:
         provider.reboot_node(cluster, node)
@@ -130,7 +159,7 @@ def repair_execute(operation: Operation) -> None:
         if not ok:
             _repair_failed(repair, f"checks still fail after {repair.action}: {problems}")
             return
-        provider.slurm(cluster).node_update([node.name], state="RESUME")
+        node_return_to_service(node)
     _start_requeued_now(provider.slurm(cluster), [j["job_id"] for j in requeued])
     _repair_succeeded(repair)
 

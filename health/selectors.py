@@ -89,7 +89,7 @@ def node_failures_past(node: Node, limit: int = PAST_FAILURES) -> list[NodeFailu
 
 def _repairs() -> QuerySet[Repair]:
     return Repair.objects.select_related(
-        "cluster", "node", "failure", "requested_by", "approved_by", "operation"
+        "cluster", "node", "failure", "requested_by", "approved_by", "operation", "spare_node"
     )
 
 

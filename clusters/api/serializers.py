@@ -83,6 +83,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "partition",
             "slurm_state",
             "slurm_reason",
+            "spare",
             "health",
             "lifecycle",
             "cpus",

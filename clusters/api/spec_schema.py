@@ -37,6 +37,12 @@ class NodePoolSpecSerializer(serializers.Serializer):
     id = serializers.RegexField(ID)
     machine_spec = MachineSpecSerializer()
     scaling_spec = ScalingSpecSerializer()
+    spare_node_count = serializers.IntegerField(
+        min_value=0,
+        help_text="Nodes held idle as hot spares (drained, reason 'spare'); fewer than "
+        "min_node_count. Default: 0",
+        **OPTIONAL,
+    )
     provisioning_model = serializers.ChoiceField(choices=PROVISIONING_MODELS, **OPTIONAL_TEXT)
     boot_disk = serializers.DictField(**OPTIONAL)
     zone = serializers.CharField(**OPTIONAL_TEXT)

@@ -28,6 +28,9 @@ class RepairSerializer(serializers.Serializer):
     mode = serializers.CharField(allow_null=True, help_text="The failure mode it repairs")
     operation = serializers.CharField(allow_null=True, help_text="Its Operation's id")
     jobs_requeued = serializers.IntegerField()
+    spare_node = serializers.CharField(
+        allow_null=True, help_text="The spare of the pool that took the node's place"
+    )
     requested_by = serializers.CharField(allow_null=True)
     approved_by = serializers.CharField(allow_null=True)
     create_time = serializers.DateTimeField()

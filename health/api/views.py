@@ -49,6 +49,7 @@ def repair_data(repair: Repair) -> dict:
         "mode": repair.failure.mode if repair.failure else None,
         "operation": str(repair.operation_id) if repair.operation_id else None,
         "jobs_requeued": repair.jobs_requeued,
+        "spare_node": repair.spare_node.name if repair.spare_node_id else None,
         "requested_by": repair.requested_by.username if repair.requested_by else None,
         "approved_by": repair.approved_by.username if repair.approved_by else None,
         "create_time": repair.create_time,
@@ -64,7 +65,7 @@ class NodeHealthView(APIView):
         report = HealthReport.objects.filter(node=node, source="agent").first()
         failures = NodeFailure.objects.filter(node=node)[:50]
         repairs = Repair.objects.filter(node=node).select_related(
-            "failure", "requested_by", "approved_by", "node"
+            "failure", "requested_by", "approved_by", "node", "spare_node"
         )[:50]
         return Response(
             {
@@ -173,7 +174,7 @@ class RepairApproveView(APIView):
     def post(self, request, repair_id):
         repair = get_object_or_404(
             Repair.objects.select_related(
-                "node", "cluster", "failure", "requested_by", "approved_by"
+                "node", "cluster", "failure", "requested_by", "approved_by", "spare_node"
             ),
             pk=repair_id,
         )
@@ -199,7 +200,9 @@ class RepairListView(APIView):
         description="Operators only. The latest 200 repairs.",
     )
     def get(self, request):
-        qs = Repair.objects.select_related("node", "failure", "requested_by", "approved_by")
+        qs = Repair.objects.select_related(
+            "node", "failure", "requested_by", "approved_by", "spare_node"
+        )
         if request.query_params.get("cluster"):
             qs = qs.filter(cluster__cluster_id=request.query_params["cluster"])
         if request.query_params.get("state"):
