@@ -43,6 +43,7 @@ TAIL_BYTES = 64 * 1024  # of each rank's file per round: far more than K windows
 MODE = "SLOW_NODE"
 RANK_FILE_RE = re.compile(r"rank-([0-9]{1,6})\.jsonl")
 EXCLUDE_WAIT_S = 15.0  # for slurmctld to take the exclusion once the requeue is through
+LEAVE_WAIT_S = 60.0  # for the job's part on the straggler to end (see _wait_off_node)
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,15 @@ def _exclude(client, job_id: str, node: str) -> bool:
         time.sleep(0.2)
 
 
+def _wait_off_node(client, job_id: str, node: str) -> None:
+    """Until the job's part on the node has ended (its ranks save a checkpoint on the
+    requeue's SIGTERM, slowly on a slow node): the repair that follows drains and reboots
+    the node, and a reboot under a job still completing there leaves it stuck COMPLETING."""
+    deadline = time.monotonic() + LEAVE_WAIT_S
+    while job_id in client.node_jobs(node) and time.monotonic() < deadline:
+        time.sleep(0.3)
+
+
 def job_straggler_act(job: Job, straggler: Straggler) -> bool:
     """Requeue the job without the straggler's node and open SLOW_NODE on the node (its
     repair ladder follows). Once: the job's requeue count is the compare-and-swap, and a
@@ -211,6 +221,7 @@ def job_straggler_act(job: Job, straggler: Straggler) -> bool:
         )[:500],
     )
     log.warning("job %s: %s; requeued without %s", job, evidence, node.name)
+    _wait_off_node(client, job.job_id, node.name)
     failures_update(
         node=node,
         source="controller",
