@@ -1,15 +1,17 @@
 """Recovery from real faults under a running 2-node llama-pretrain job.
 
-For each fault kind (kill, disk, slow on the local provider), inject it on one of the
-job's nodes and print the timeline: fault -> detected -> repair started (drain) ->
+For each fault kind (kill, disk, slow, straggle on the local provider), inject it on one
+of the job's nodes and print the timeline: fault -> detected -> repair started (drain) ->
 job requeued -> job running again -> first new training step, and the steps lost.
-Over several runs, the medians.
+Over several runs, the medians. `straggle` throttles only the job's processes on the
+node: the ranks' step times find it (recipes/straggler.py), and "running again" is the
+job running without that node.
 
 ``kill-with-spare`` is ``kill`` on a pool of 3 nodes with one hot spare
 (``spare_node_count: 1``): the 2-node job fills the pool but for the spare, so it can
 only run again at full size because the spare stands in; the spare column names it.
 
-    .venv/bin/python bench/recovery.py [--runs 3] [--kinds kill,disk,slow,kill-with-spare]
+    .venv/bin/python bench/recovery.py [--runs 3] [--kinds kill,disk,slow,straggle,kill-with-spare]
 
 The control plane's loops run in this process at their production cadence: the
 poller every 2 s (jobs, metrics, controller-side health), the node agents every 2 s
@@ -56,7 +58,7 @@ from jobs.models import Job, JobEvent, JobMetric  # noqa: E402
 from jobs.services import job_control, jobs_release_requeued  # noqa: E402
 from jobs.sync import jobs_sync  # noqa: E402
 from recipes.launch import recipe_launch  # noqa: E402
-from recipes.metrics import recipe_jobs_ingest  # noqa: E402
+from recipes.tasks import recipe_jobs_poll  # noqa: E402
 
 TICK_S = 2.0
 
@@ -65,7 +67,7 @@ def tick(cluster, *, agents_on: list[str]) -> None:
     """One round of the control plane: the poller, and the named nodes' agents."""
     provider = get_provider("local")
     jobs_sync(cluster=cluster)
-    recipe_jobs_ingest(cluster)
+    recipe_jobs_poll(cluster)  # metrics, then stragglers
     jobs_release_requeued(cluster=cluster)
     for name in agents_on:
         node = Node.objects.get(cluster=cluster, name=name)
@@ -141,7 +143,15 @@ def one_run(cluster, owner, kind: str) -> dict:
         tick(cluster, agents_on=agents)
         current = Job.objects.get(pk=job.pk)
         repair = Repair.objects.filter(node=victim, create_time__gte=since).first()
-        if repair and repair.jobs_requeued and current.state == "RUNNING" and not running_again:
+        if kind == "straggle":
+            moved = (
+                current.state == "RUNNING"
+                and JobEvent.objects.filter(job=job, cause__startswith="straggler").exists()
+                and victim.name not in job_hosts(cluster, current.node_list)
+            )
+        else:
+            moved = bool(repair and repair.jobs_requeued and current.state == "RUNNING")
+        if moved and not running_again:
             running_again = time.time()
             # Slurm starts a job on all its nodes or not at all: running is full size.
             hosts_again = job_hosts(cluster, current.node_list)
@@ -165,7 +175,13 @@ def one_run(cluster, owner, kind: str) -> dict:
     repair = (
         Repair.objects.filter(node=victim, create_time__gte=since).order_by("create_time").first()
     )
-    requeued = JobEvent.objects.filter(job=job, cause__startswith="interrupted").first()
+    requeued = (
+        JobEvent.objects.filter(
+            job=job, cause__startswith="straggler" if kind == "straggle" else "interrupted"
+        )
+        .order_by("time")
+        .first()
+    )
     resumed_from = Job.objects.get(pk=job.pk).metrics.get("resumed_from_step")
     first_step = (
         JobMetric.objects.filter(job=job, time__gt=datetime.fromtimestamp(running_again, tz=UTC))
@@ -179,7 +195,13 @@ def one_run(cluster, owner, kind: str) -> dict:
         "node": victim.name,
         "mode": failure.mode if failure else "-",
         "action": repair.action if repair else "-",
-        "detected": failure.first_seen.timestamp() - fault_time if failure else None,
+        # straggle: the job is requeued when found, its node's failure opens once the
+        # job has left the node.
+        "detected": (
+            requeued.time.timestamp() - fault_time
+            if kind == "straggle" and requeued
+            else (failure.first_seen.timestamp() - fault_time if failure else None)
+        ),
         "drained": repair.start_time.timestamp() - fault_time if repair else None,
         "requeued": requeued.time.timestamp() - fault_time if requeued else None,
         # Slurm's moment where it was seen, else the loop's.
@@ -216,7 +238,7 @@ def fmt(value) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--kinds", default="kill,disk,slow")
+    parser.add_argument("--kinds", default="kill,disk,slow,straggle")
     args = parser.parse_args()
     call_command("migrate", verbosity=0)
     owner = get_user_model().objects.create_user("bench", password="bench-pass-1")

@@ -7,13 +7,21 @@ from mtc.polls import for_each, single_flight
 
 from . import tensorboard
 from .metrics import recipe_jobs_ingest
+from .straggler import recipe_stragglers_check
 
 
 @shared_task(ignore_result=True)
 @single_flight("recipe-metrics")
 def recipe_metrics_ingest_all() -> int:
     """Read the metrics every live cluster's recipe jobs wrote since the last round."""
-    return for_each(live_clusters(), recipe_jobs_ingest, what="recipe metrics")
+    return for_each(live_clusters(), recipe_jobs_poll, what="recipe metrics")
+
+
+def recipe_jobs_poll(cluster) -> int:
+    """Metrics in, then the ranks' step times compared (stragglers)."""
+    added = recipe_jobs_ingest(cluster)
+    recipe_stragglers_check(cluster)
+    return added
 
 
 @shared_task(ignore_result=True)

@@ -30,7 +30,7 @@ AGENT_DIR = Path(__file__).resolve().parents[2] / "node" / "agent"
 # Slurm's HealthCheckProgram runs beside jobs: DCGM's quick level (health.policy's
 # table takes its "healthcheck" entry from here).
 HEALTHCHECK_DCGM_LEVEL = 1
-REAL_FAULTS = ("kill", "disk", "slow")
+REAL_FAULTS = ("kill", "disk", "slow", "straggle")
 FAULT_KINDS = (*REAL_FAULTS, *shim_faults.KINDS)
 # What survives which repair: GPU hardware faults go only with a new machine.
 HARDWARE_FAULTS = ("ecc", "sdc", "dcgm", "gpu-missing")
@@ -273,9 +273,10 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
             fill = node_dir / "scratch" / FILL_FILE
             with open(fill, "wb") as fh:  # a real (sparse) file as large as the scratch
                 fh.truncate(int(settings.MTC_LOCAL_SCRATCH_GB * 2**30))
-        elif kind == "slow":
+        elif kind in ("slow", "straggle"):
             self._throttle_stop(cluster, node)
             pidfile = self.root(cluster) / "run" / f"throttle-{node.name}.pid"
+            only_jobs = ["--jobs-only"] if kind == "straggle" else []
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -286,6 +287,7 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
                     str(self.root(cluster) / "run" / f"slurmd-{node.name}.pid"),
                     "--duty",
                     str(params.get("duty", 0.75)),
+                    *only_jobs,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -300,7 +302,7 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
         node_dir = self.node_dir(cluster, node.name)
         if kind in (None, "disk"):
             (node_dir / "scratch" / FILL_FILE).unlink(missing_ok=True)
-        if kind in (None, "slow"):
+        if kind in (None, "slow", "straggle"):
             self._throttle_stop(cluster, node)
         if kind is None or kind in shim_faults.KINDS:
             if (node_dir / "faults.json").exists():

@@ -1,7 +1,10 @@
 """Throttle one emulated node's CPU for the `slow` fault: stop and continue its
-processes (its slurmd, its job tasks and its agent) on a duty cycle. Stdlib only.
+processes (its slurmd, its job tasks and its agent) on a duty cycle. With --jobs-only
+(the `straggle` fault) only its job processes: those Slurm started for a job on the node
+(their environment names the job and the node), so the agent's own checks run at full
+speed and only the job's step times can tell. Stdlib only.
 
-    python3 throttle.py --node NAME --pidfile SLURMD_PID_FILE [--duty 0.7]
+    python3 throttle.py --node NAME --pidfile SLURMD_PID_FILE [--duty 0.7] [--jobs-only]
 """
 
 from __future__ import annotations
@@ -14,16 +17,22 @@ import time
 PERIOD_S = 0.2
 
 
-def node_pids(node: str, pidfile: str) -> set[int]:
+def node_pids(node: str, pidfile: str, *, jobs_only: bool = False) -> set[int]:
     """The node's slurmd and every process that says it runs on the node (of this
-    cluster: its SLURM_CONF, next to the pid file's run/ directory, must match too)."""
+    cluster: its SLURM_CONF, next to the pid file's run/ directory, must match too);
+    ``jobs_only``: only the processes of jobs on the node (SLURM_JOB_ID set, the node
+    their SLURMD_NODENAME: job tasks and the batch script, not slurmd, slurmstepd, the
+    agent or the health check)."""
     pids: set[int] = set()
-    try:
-        with open(pidfile) as fh:
-            pids.add(int(fh.read().strip()))
-    except (OSError, ValueError):
-        pass
-    needles = (f"SLURMD_NODENAME={node}\0".encode(), f"MTC_NODE={node}\0".encode())
+    if not jobs_only:
+        try:
+            with open(pidfile) as fh:
+                pids.add(int(fh.read().strip()))
+        except (OSError, ValueError):
+            pass
+    needles = (f"SLURMD_NODENAME={node}\0".encode(),)
+    if not jobs_only:
+        needles += (f"MTC_NODE={node}\0".encode(),)
     conf = os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(pidfile))), "etc", "slurm.conf"
     )
@@ -36,6 +45,8 @@ def node_pids(node: str, pidfile: str) -> set[int]:
             with open(f"/proc/{entry}/environ", "rb") as fh:
                 environ = fh.read() + b"\0"
         except OSError:
+            continue
+        if jobs_only and b"SLURM_JOB_ID=" not in environ:
             continue
         if same_cluster in environ and any(needle in environ for needle in needles):
             pids.add(int(entry))
@@ -55,6 +66,7 @@ def main() -> None:
     parser.add_argument("--node", required=True)
     parser.add_argument("--pidfile", required=True)
     parser.add_argument("--duty", type=float, default=0.7, help="share of time stopped")
+    parser.add_argument("--jobs-only", action="store_true", help="only the node's job processes")
     args = parser.parse_args()
     running = True
 
@@ -69,7 +81,7 @@ def main() -> None:
     try:
         while running:
             if time.monotonic() - scanned > PERIOD_S:  # new processes (a check) get caught at once
-                pids = node_pids(args.node, args.pidfile)
+                pids = node_pids(args.node, args.pidfile, jobs_only=args.jobs_only)
                 scanned = time.monotonic()
             _signal(pids, signal.SIGSTOP)
             time.sleep(PERIOD_S * args.duty)

@@ -36,6 +36,7 @@ from .model import autocast, flops_per_token
 from .optim import lr_at
 from .presets import param_count
 from .start import Prepared, RunError, run_prepare
+from .steptimes import StepTimes
 from .tokenizer import TOKENIZER_FILE
 
 log = logging.getLogger("mtc.runtime")
@@ -142,13 +143,17 @@ def run(cfg: RunConfig, d: Dist) -> int:
         say(d, f"resumed from {p.resume} (step {p.start_step})")
     elif p.init is not None:
         say(d, f"initialised from {p.init}")
+    timer = StepTimes(cfg.path, rank=d.rank, world=d.world)  # per rank: stragglers
     try:
-        return _loop(cfg, d, p, metrics, fpt, peak)
+        return _loop(cfg, d, p, metrics, fpt, peak, timer)
     finally:
         metrics.close()
+        timer.close()
 
 
-def _loop(cfg: RunConfig, d: Dist, p: Prepared, metrics, fpt: float, peak: float) -> int:
+def _loop(
+    cfg: RunConfig, d: Dist, p: Prepared, metrics, fpt: float, peak: float, timer: StepTimes
+) -> int:
     stop_at = int(os.environ.get("MTC_STOP_AT_STEP") or 0)
     copy_files = {TOKENIZER_FILE: cfg.path / TOKENIZER_FILE, "model.json": cfg.path / "model.json"}
     trainer_state = {
@@ -172,7 +177,8 @@ def _loop(cfg: RunConfig, d: Dist, p: Prepared, metrics, fpt: float, peak: float
     }
     pending: PendingSave | None = None
     for step in range(p.start_step + 1, cfg.steps + 1):
-        m, signalled = _train_step(cfg, d, p, step)
+        m, signalled = _train_step(cfg, d, p, step, timer)
+        timer.step_end(step, m["step_time_s"])
         m["tokens_per_s"] = m.pop("tokens") / m["step_time_s"]
         m["mfu"] = m["tokens_per_s"] * fpt / peak
         metrics.step(step, m)
@@ -232,7 +238,9 @@ def _ask_requeue(cfg: RunConfig, d: Dist, step: int) -> None:
         (cfg.path / REQUEUE_FILE).write_text(json.dumps({"step": step, "signal": "SIGUSR1"}))
 
 
-def _train_step(cfg: RunConfig, d: Dist, p: Prepared, step: int) -> tuple[dict, bool]:
+def _train_step(
+    cfg: RunConfig, d: Dist, p: Prepared, step: int, timer: StepTimes | None = None
+) -> tuple[dict, bool]:
     """One optimizer step over the global batch; the loss is normalised by the number of
     counted tokens (or sequences, for rl) over all ranks and micro-batches."""
     t0 = time.perf_counter()
@@ -246,8 +254,10 @@ def _train_step(cfg: RunConfig, d: Dist, p: Prepared, step: int) -> tuple[dict, 
     )
     for group in p.optimizer.param_groups:
         group["lr"] = lr
+    timer = timer or StepTimes(cfg.path, rank=d.rank, world=1)  # a no-op
     mbs, extra = p.task.prepare(p.model, step)
-    (weight,) = d.all_reduce([sum(mb["weight"] for mb in mbs)])
+    with timer.comm():
+        (weight,) = d.all_reduce([sum(mb["weight"] for mb in mbs)])
     scale = d.world / max(weight, 1.0)  # FSDP averages gradients over ranks
     loss_sum = torch.zeros((), dtype=torch.float64, device=d.device)
     # FSDP2 reduce-scatters after every micro-batch's backward and sums into the sharded
@@ -264,16 +274,17 @@ def _train_step(cfg: RunConfig, d: Dist, p: Prepared, step: int) -> tuple[dict, 
         grad_norm = grad_norm.full_tensor()
     p.optimizer.step()
     p.optimizer.zero_grad(set_to_none=True)
-    sums = d.all_reduce(
-        [
-            float(loss_sum),
-            sum(mb["tokens"] for mb in mbs),
-            extra.get("reward_sum", 0.0),
-            extra.get("reward_n", 0),
-            sum(mb.get("kl_sum", 0.0) for mb in mbs),
-            float(_STOP["signum"]),
-        ]
-    )
+    with timer.comm():
+        sums = d.all_reduce(
+            [
+                float(loss_sum),
+                sum(mb["tokens"] for mb in mbs),
+                extra.get("reward_sum", 0.0),
+                extra.get("reward_n", 0),
+                sum(mb.get("kl_sum", 0.0) for mb in mbs),
+                float(_STOP["signum"]),
+            ]
+        )
     if d.device.type == "cuda":
         torch.cuda.synchronize()
     m = {
