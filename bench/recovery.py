@@ -1,11 +1,17 @@
 """Recovery from real faults under a running 2-node llama-pretrain job.
 
-For each fault kind (kill, disk, slow on the local provider), inject it on one of the
-job's nodes and print the timeline: fault -> detected -> repair started (drain) ->
+For each fault kind (kill, disk, slow, hang on the local provider), inject it on one of
+the job's nodes and print the timeline: fault -> detected -> repair started (drain) ->
 job requeued -> job running again -> first new training step, and the steps lost.
 Over several runs, the medians.
 
-    .venv/bin/python bench/recovery.py [--runs 3] [--kinds kill,disk,slow]
+    .venv/bin/python bench/recovery.py [--runs 3] [--kinds kill,disk,slow,hang]
+
+`hang` stops one rank (SIGSTOP); the job is hung once it made no progress for
+max(5 x median step time, MTC_HANG_FLOOR_S): "detected" is when the poller found it
+(its stacks taken, its node marked JOB_HANG, the job requeued without that node), so
+with the default floor of 60 s it measures the floor plus up to one poll round and the
+stacks' few seconds; `--hang-floor` sets a lower floor for this run.
 
 The control plane's loops run in this process at their production cadence: the
 poller every 2 s (jobs, metrics, controller-side health), the node agents every 2 s
@@ -45,11 +51,11 @@ from health.models import NodeFailure, Repair  # noqa: E402
 from health.poll import cluster_health_poll  # noqa: E402
 from health.selectors import goodput  # noqa: E402
 from health.services import report_ingest  # noqa: E402
-from jobs.models import Job, JobEvent, JobMetric  # noqa: E402
+from jobs.models import Job, JobEvent, JobHang, JobMetric  # noqa: E402
 from jobs.services import job_control, jobs_release_requeued  # noqa: E402
 from jobs.sync import jobs_sync  # noqa: E402
 from recipes.launch import recipe_launch  # noqa: E402
-from recipes.metrics import recipe_jobs_ingest  # noqa: E402
+from recipes.tasks import recipe_round  # noqa: E402
 
 TICK_S = 2.0
 
@@ -58,7 +64,7 @@ def tick(cluster, *, agents_on: list[str]) -> None:
     """One round of the control plane: the poller, and the named nodes' agents."""
     provider = get_provider("local")
     jobs_sync(cluster=cluster)
-    recipe_jobs_ingest(cluster)
+    recipe_round(cluster)  # metrics, then hangs
     jobs_release_requeued(cluster=cluster)
     for name in agents_on:
         node = Node.objects.get(cluster=cluster, name=name)
@@ -108,6 +114,17 @@ def one_run(cluster, owner, kind: str) -> dict:
         repair = Repair.objects.filter(node=victim, create_time__gte=since).first()
         if repair and repair.jobs_requeued and current.state == "RUNNING" and not running_again:
             running_again = time.time()
+        hang = JobHang.objects.filter(job=job, detected_time__gte=since).first()
+        if (
+            kind == "hang"
+            and hang is not None
+            and hang.state == JobHang.REQUEUED
+            and current.state == "RUNNING"
+            and current.start_time
+            and current.start_time > hang.detected_time
+            and not running_again
+        ):
+            running_again = time.time()
         resumed = current.metrics.get("resumed_from_step")
         if (
             running_again
@@ -126,7 +143,14 @@ def one_run(cluster, owner, kind: str) -> dict:
     repair = (
         Repair.objects.filter(node=victim, create_time__gte=since).order_by("create_time").first()
     )
-    requeued = JobEvent.objects.filter(job=job, cause__startswith="interrupted").first()
+    requeued = (
+        JobEvent.objects.filter(job=job, time__gte=since)
+        .filter(cause__startswith="hung" if kind == "hang" else "interrupted")
+        .first()
+    )
+    hang = JobHang.objects.filter(job=job, detected_time__gte=since).first()
+    if hang is not None:  # found by the poller's hang check, not by the node's health
+        failure = failure or NodeFailure.objects.filter(node=victim, mode="JOB_HANG").first()
     resumed_from = Job.objects.get(pk=job.pk).metrics.get("resumed_from_step")
     first_step = (
         JobMetric.objects.filter(job=job, time__gt=datetime.fromtimestamp(running_again, tz=UTC))
@@ -140,7 +164,11 @@ def one_run(cluster, owner, kind: str) -> dict:
         "node": victim.name,
         "mode": failure.mode if failure else "-",
         "action": repair.action if repair else "-",
-        "detected": failure.first_seen.timestamp() - fault_time if failure else None,
+        "detected": (
+            hang.detected_time.timestamp() - fault_time
+            if hang is not None
+            else (failure.first_seen.timestamp() - fault_time if failure else None)
+        ),
         "drained": repair.start_time.timestamp() - fault_time if repair else None,
         "requeued": requeued.time.timestamp() - fault_time if requeued else None,
         "running": running_again - fault_time if running_again else None,
@@ -164,8 +192,16 @@ def fmt(value) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--kinds", default="kill,disk,slow")
+    parser.add_argument("--kinds", default="kill,disk,slow,hang")
+    parser.add_argument(
+        "--hang-floor", type=float, default=None, help="MTC_HANG_FLOOR_S for this run (s)"
+    )
     args = parser.parse_args()
+    from django.conf import settings
+
+    if args.hang_floor is not None:
+        settings.MTC_HANG_FLOOR_S = args.hang_floor
+    print(f"hang floor (MTC_HANG_FLOOR_S): {settings.MTC_HANG_FLOOR_S:g} s")
     call_command("migrate", verbosity=0)
     owner = get_user_model().objects.create_user("bench", password="bench-pass-1")
     spec = dict(DEMO_SPEC, cluster_id="recovery")

@@ -6,14 +6,23 @@ from clusters.selectors import live_clusters
 from mtc.polls import for_each, single_flight
 
 from . import tensorboard
+from .hang import recipe_hangs_check
 from .metrics import recipe_jobs_ingest
+
+
+def recipe_round(cluster) -> int:
+    """One poller round for a cluster's recipe jobs: their new metrics, then hangs."""
+    added = recipe_jobs_ingest(cluster)
+    recipe_hangs_check(cluster)
+    return added
 
 
 @shared_task(ignore_result=True)
 @single_flight("recipe-metrics")
 def recipe_metrics_ingest_all() -> int:
-    """Read the metrics every live cluster's recipe jobs wrote since the last round."""
-    return for_each(live_clusters(), recipe_jobs_ingest, what="recipe metrics")
+    """Read the metrics every live cluster's recipe jobs wrote since the last round, and
+    handle the ones that hang."""
+    return for_each(live_clusters(), recipe_round, what="recipe metrics")
 
 
 @shared_task(ignore_result=True)
