@@ -172,6 +172,9 @@ class JobHang(models.Model):
     stacks = models.TextField(blank=True, help_text="Every rank's fresh stacks")
     excerpt = models.TextField(blank=True, help_text="The named rank's stack, or why none")
     state = models.CharField(max_length=16, default=DETECTED)
+    node_marked = models.BooleanField(
+        default=False, help_text="The node's JOB_HANG failure is open (once the job left it)"
+    )
 
     class Meta:
         ordering = ["detected_time", "id"]

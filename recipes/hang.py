@@ -11,9 +11,9 @@ timeouts are tens of minutes). Then mtc
 2. names the rank that is not inside the collective: the one rank with no fresh dump, else
    the one rank whose training thread is outside torch.distributed and backward;
 3. copies the stacks into the job's stderr file (what the job page's output shows);
-4. marks that rank's node with a JOB_HANG failure (health.policy: reboot, then replace),
-   the rank and its stack excerpt in the message;
-5. requeues the job and keeps it off that node (ExcNodeList, set while it is pending).
+4. requeues the job and keeps it off that node (ExcNodeList, set while it is pending);
+5. once the job has left that node, marks it with a JOB_HANG failure (health.policy:
+   reboot, then replace), the rank and its stack excerpt in the message.
 
 A JobHang row per (job, attempt, step) is the compare-and-swap: two pollers that find
 the same hang insert it once, and only the one that inserted it acts.
@@ -49,6 +49,7 @@ HANG_FACTOR = 5
 MEDIAN_OF_STEPS = 50  # the step times the median is taken over: the latest ones
 STACKS_WAIT_S = 3.0  # how long the ranks have to write their stacks after the signal
 STACKS_KEEP = 64 * 1024  # characters of stacks kept per hang (every rank's)
+MARK_AFTER_S = 120.0  # a node whose hung job has not left it by then is marked all the same
 COLLECTIVE_FUNCS = frozenset(
     {
         "all_reduce",
@@ -316,28 +317,58 @@ def hang_handle(job: Job) -> JobHang | None:
         Job.objects.filter(pk=job.pk, requeue_count=job.requeue_count).update(
             requeue_count=job.requeue_count + 1
         )
-    # After the requeue: the node's repair (a drain first) then finds no job to requeue.
-    node_row = Node.objects.filter(cluster=job.cluster, name=node).first() if node else None
-    if node_row is not None:
-        failures_update(
-            node=node_row,
-            source="controller",
-            findings=[
-                {
-                    "code": "JOB_HANG",
-                    "severity": "critical",
-                    "message": (
-                        f"job {job.job_id} rank {rank} hung ({why}) after step {last.step}; "
-                        f"stack: {excerpt[-300:] or '-'}"
-                    )[:500],
-                    "check": "hang",
-                    "gpu": None,
-                }
-            ],
-        )
     log.warning("%s", head)
     hang.refresh_from_db()
     return hang
+
+
+def _node_mark(hang: JobHang) -> None:
+    node = Node.objects.filter(cluster_id=hang.job.cluster_id, name=hang.node).first()
+    if node is None:
+        return
+    failures_update(
+        node=node,
+        source="controller",
+        findings=[
+            {
+                "code": "JOB_HANG",
+                "severity": "critical",
+                "message": (
+                    f"job {hang.job.job_id} rank {hang.rank} hung ({hang.why}) after step "
+                    f"{hang.step}; stack: {hang.excerpt[-300:] or '-'}"
+                )[:500],
+                "check": "hang",
+                "gpu": None,
+            }
+        ],
+    )
+
+
+def hang_nodes_mark(cluster) -> int:
+    """Open JOB_HANG on the nodes hangs named, once their job has left the node (or after
+    MARK_AFTER_S): its repair drains and reboots the node, and a reboot while the job's
+    requeue still completes there would leave that job COMPLETING on it. A hang that
+    could not be requeued marks its node at once (the repair then requeues the job)."""
+    marked = 0
+    hangs = JobHang.objects.filter(
+        job__cluster=cluster,
+        node_marked=False,
+        state__in=(JobHang.REQUEUED, JobHang.NOT_REQUEUED),
+    ).exclude(node="")
+    client = None
+    for hang in hangs.select_related("job"):
+        waited = (timezone.now() - hang.detected_time).total_seconds()
+        if hang.state == JobHang.REQUEUED and waited < MARK_AFTER_S:
+            client = client or get_provider(cluster.provider).slurm(cluster)
+            try:
+                if hang.job.job_id in client.node_jobs(hang.node):
+                    continue
+            except SlurmError:
+                continue
+        if JobHang.objects.filter(pk=hang.pk, node_marked=False).update(node_marked=True):
+            _node_mark(hang)
+            marked += 1
+    return marked
 
 
 def recipe_hangs_check(cluster) -> int:
@@ -355,4 +386,5 @@ def recipe_hangs_check(cluster) -> int:
             handled += hang_handle(job) is not None
         except Exception:  # noqa: BLE001 - one job's trouble must not stop the others
             log.exception("job %s: hang check failed", job)
+    hang_nodes_mark(cluster)
     return handled
