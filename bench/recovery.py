@@ -145,7 +145,7 @@ def one_run(cluster, owner, kind: str) -> dict:
     )
     requeued = (
         JobEvent.objects.filter(job=job, time__gte=since)
-        .filter(cause__startswith="hung" if kind == "hang" else "interrupted")
+        .filter(cause__startswith="interrupted: hung" if kind == "hang" else "interrupted")
         .first()
     )
     hang = JobHang.objects.filter(job=job, detected_time__gte=since).first()

@@ -304,7 +304,8 @@ def hang_handle(job: Job) -> JobHang | None:
     JobHang.objects.filter(pk=hang.pk, state=JobHang.DETECTED).update(
         state=JobHang.REQUEUED if requeued else JobHang.NOT_REQUEUED
     )
-    cause = f"hung after step {last.step} ({idle:.0f} s without progress)" + (
+    # "interrupted:" as a repair's requeue says it: goodput counts the restart as lost.
+    cause = f"interrupted: hung after step {last.step} ({idle:.0f} s without progress)" + (
         f"; rank {rank} on {node}; requeued without {node}" if node else "; requeued"
     )
     JobEvent.objects.create(

@@ -1,6 +1,9 @@
 """Every Slurm call as an argument list (never a shell), with the cluster's
 SLURM_CONF, a timeout, and errors split into transient and permanent. Submits go
-to the cluster's slurmrestd when it has one (rest.py), else to sbatch."""
+to the cluster's slurmrestd when it has one (rest.py), else to sbatch.
+
+Past 400 lines on purpose: it is the one adapter to Slurm, every call in one place
+(tests swap it at this edge)."""
 
 from __future__ import annotations
 

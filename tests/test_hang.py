@@ -158,3 +158,21 @@ def test_progress_in_the_file_counts_and_a_handled_hang_is_not_found_again(runni
         job=running_job, attempt=0, step=last.step, since=since, detected_time=now, threshold_s=60
     )
     assert hang_due(running_job, now=now + timedelta(minutes=5)) is None
+
+
+def test_signal_and_exclude_take_only_whole_ids_names_and_signals(tmp_path):
+    from slurm import SlurmError
+    from slurm.client import SlurmClient
+
+    client = SlurmClient(tmp_path / "slurm.conf")
+    for call in (
+        lambda: client.job_signal("1;true", "23"),
+        lambda: client.job_signal("12", "URG --full"),
+        lambda: client.job_signal("12", "-9"),
+        lambda: client.job_exclude("12 ", ["n1"]),
+        lambda: client.job_exclude("12", ["n1,n2"]),
+        lambda: client.job_exclude("12", ["../n1"]),
+    ):
+        with pytest.raises(SlurmError) as refused:
+            call()
+        assert refused.value.permanent

@@ -59,8 +59,12 @@ def hostnames(cluster, node_list: str) -> list[str]:
 
 
 def test_a_stopped_rank_is_named_and_the_job_completes_without_its_node(
-    cluster, user_api, client, user
+    cluster, user_api, operator_api, client, user
 ):
+    refused = operator_api.post(
+        "/api/v1/clusters/hx/nodes/hx-gpu-0/faults", {"kind": "hang"}, format="json"
+    )
+    assert refused.status_code == 400 and "no training process" in str(refused.json())
     response = user_api.post(
         "/api/v1/clusters/hx/recipes/llama-pretrain/launch",
         {"nodes": 2, "overrides": {"steps": 150, "checkpoint_interval": 10}},
