@@ -1,7 +1,7 @@
 """Recovery from real faults under a running 2-node llama-pretrain job.
 
-For each fault kind (kill, disk, slow, straggle on the local provider), inject it on one
-of the job's nodes and print the timeline: fault -> detected -> repair started (drain) ->
+For each fault kind (kill, disk, slow, straggle, hang on the local provider), inject it
+on one of the job's nodes and print the timeline: fault -> detected -> repair started (drain) ->
 job requeued -> job running again -> first new training step, and the steps lost.
 Over several runs, the medians. `straggle` throttles only the job's processes on the
 node: the ranks' step times find it (recipes/straggler.py), and "running again" is the
@@ -11,7 +11,14 @@ job running without that node.
 (``spare_node_count: 1``): the 2-node job fills the pool but for the spare, so it can
 only run again at full size because the spare stands in; the spare column names it.
 
-    .venv/bin/python bench/recovery.py [--runs 3] [--kinds kill,disk,slow,straggle,kill-with-spare]
+    .venv/bin/python bench/recovery.py [--runs 3] \
+        [--kinds kill,disk,slow,straggle,hang,kill-with-spare] [--hang-floor S]
+
+`hang` stops one rank (SIGSTOP); the job is hung once it made no progress for
+max(5 x median step time, MTC_HANG_FLOOR_S): "detected" is when the poller found it
+(its stacks taken, its node marked JOB_HANG, the job requeued without that node), so
+with the default floor of 60 s it measures the floor plus up to one poll round and the
+stacks' few seconds; `--hang-floor` sets a lower floor for this run.
 
 The control plane's loops run in this process at their production cadence: the
 poller every 2 s (jobs, metrics, controller-side health), the node agents every 2 s
@@ -54,20 +61,22 @@ from health.models import NodeFailure, Repair  # noqa: E402
 from health.poll import cluster_health_poll  # noqa: E402
 from health.selectors import goodput  # noqa: E402
 from health.services import report_ingest  # noqa: E402
-from jobs.models import Job, JobEvent, JobMetric  # noqa: E402
+from jobs.models import Job, JobEvent, JobHang, JobMetric  # noqa: E402
 from jobs.services import job_control, jobs_release_requeued  # noqa: E402
 from jobs.sync import jobs_sync  # noqa: E402
 from recipes.launch import recipe_launch  # noqa: E402
-from recipes.tasks import recipe_jobs_poll  # noqa: E402
+from recipes.tasks import recipe_round  # noqa: E402
 
 TICK_S = 2.0
+# How each kind's requeue is recorded on the job (its JobEvent's cause).
+REQUEUE_CAUSE = {"straggle": "interrupted: straggler", "hang": "interrupted: hung"}
 
 
 def tick(cluster, *, agents_on: list[str]) -> None:
     """One round of the control plane: the poller, and the named nodes' agents."""
     provider = get_provider("local")
     jobs_sync(cluster=cluster)
-    recipe_jobs_poll(cluster)  # metrics, then stragglers
+    recipe_round(cluster)  # metrics, then stragglers and hangs
     jobs_release_requeued(cluster=cluster)
     for name in agents_on:
         node = Node.objects.get(cluster=cluster, name=name)
@@ -146,8 +155,17 @@ def one_run(cluster, owner, kind: str) -> dict:
         if kind == "straggle":
             moved = (
                 current.state == "RUNNING"
-                and JobEvent.objects.filter(job=job, cause__startswith="straggler").exists()
+                and JobEvent.objects.filter(job=job, cause__startswith=REQUEUE_CAUSE[kind]).exists()
                 and victim.name not in job_hosts(cluster, current.node_list)
+            )
+        elif kind == "hang":
+            hang = JobHang.objects.filter(job=job, detected_time__gte=since).first()
+            moved = bool(
+                hang is not None
+                and hang.state == JobHang.REQUEUED
+                and current.state == "RUNNING"
+                and current.start_time
+                and current.start_time > hang.detected_time
             )
         else:
             moved = bool(repair and repair.jobs_requeued and current.state == "RUNNING")
@@ -177,11 +195,14 @@ def one_run(cluster, owner, kind: str) -> dict:
     )
     requeued = (
         JobEvent.objects.filter(
-            job=job, cause__startswith="straggler" if kind == "straggle" else "interrupted"
+            job=job, time__gte=since, cause__startswith=REQUEUE_CAUSE.get(kind, "interrupted")
         )
         .order_by("time")
         .first()
     )
+    hang = JobHang.objects.filter(job=job, detected_time__gte=since).first()
+    if hang is not None:  # found by the poller's hang check, not by the node's health
+        failure = failure or NodeFailure.objects.filter(node=victim, mode="JOB_HANG").first()
     resumed_from = Job.objects.get(pk=job.pk).metrics.get("resumed_from_step")
     first_step = (
         JobMetric.objects.filter(job=job, time__gt=datetime.fromtimestamp(running_again, tz=UTC))
@@ -195,10 +216,12 @@ def one_run(cluster, owner, kind: str) -> dict:
         "node": victim.name,
         "mode": failure.mode if failure else "-",
         "action": repair.action if repair else "-",
-        # straggle: the job is requeued when found, its node's failure opens once the
-        # job has left the node.
+        # straggle and hang: the job is requeued when found, its node's failure opens
+        # once the job has left the node.
         "detected": (
-            requeued.time.timestamp() - fault_time
+            hang.detected_time.timestamp() - fault_time
+            if hang is not None
+            else requeued.time.timestamp() - fault_time
             if kind == "straggle" and requeued
             else (failure.first_seen.timestamp() - fault_time if failure else None)
         ),
@@ -238,8 +261,16 @@ def fmt(value) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--kinds", default="kill,disk,slow,straggle")
+    parser.add_argument("--kinds", default="kill,disk,slow,straggle,hang")
+    parser.add_argument(
+        "--hang-floor", type=float, default=None, help="MTC_HANG_FLOOR_S for this run (s)"
+    )
     args = parser.parse_args()
+    from django.conf import settings
+
+    if args.hang_floor is not None:
+        settings.MTC_HANG_FLOOR_S = args.hang_floor
+    print(f"hang floor (MTC_HANG_FLOOR_S): {settings.MTC_HANG_FLOOR_S:g} s")
     call_command("migrate", verbosity=0)
     owner = get_user_model().objects.create_user("bench", password="bench-pass-1")
     kinds = args.kinds.split(",")

@@ -1,5 +1,5 @@
 """Fault injection for operators and tests (docs/health.md). On the local
-provider `kill`, `disk`, `slow` and `straggle` are real; the GPU kinds go through the node's
+provider `kill`, `disk`, `slow`, `straggle` and `hang` are real; the GPU kinds go through the node's
 device shim and are emulation."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from clusters.models import Node
 from clusters.providers import get_provider
+from clusters.providers.local_nodes import REAL_FAULTS
 
 
 class FaultError(Exception):
@@ -35,7 +36,7 @@ def fault_inject(*, node: Node, kind: str, params: dict | None = None) -> dict:
         "node": node.name,
         "kind": kind,
         "injected_at": timezone.now().isoformat(),
-        "emulated": kind not in ("kill", "disk", "slow", "straggle"),
+        "emulated": kind not in REAL_FAULTS,
     }
 
 

@@ -68,6 +68,12 @@ MODES: dict[str, Mode] = {
             "SLOW_NODE", Severity.CRITICAL, "far slower than its pool's median", (REBOOT, REPLACE)
         ),
         Mode(
+            "JOB_HANG",
+            Severity.CRITICAL,
+            "a training rank on it stopped while the others waited in a collective",
+            (REBOOT, REPLACE),
+        ),
+        Mode(
             "SILENT_DATA_CORRUPTION",
             Severity.CRITICAL,
             "wrong results from a known computation",

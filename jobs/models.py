@@ -155,3 +155,32 @@ class JobMetric(models.Model):
     class Meta:
         ordering = ["job", "step", "id"]
         indexes = [models.Index(fields=["job", "step"])]
+
+
+class JobHang(models.Model):
+    """A recipe job found hung: no new step for longer than its threshold
+    (recipes/hang.py). One row per (job, attempt, step): a poller that finds the same hang
+    twice inserts it once, and only the inserter requeues the job."""
+
+    DETECTED, REQUEUED, NOT_REQUEUED = "detected", "requeued", "not-requeued"
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="hangs")
+    attempt = models.PositiveIntegerField(help_text="The job's requeue count when it hung")
+    step = models.PositiveIntegerField(help_text="The last step it finished")
+    since = models.DateTimeField(help_text="Its last progress (step or metrics line)")
+    detected_time = models.DateTimeField()
+    threshold_s = models.FloatField()
+    rank = models.IntegerField(null=True, blank=True, help_text="The rank named as the cause")
+    node = models.CharField(max_length=80, blank=True)
+    why = models.CharField(max_length=300, blank=True)
+    stacks = models.TextField(blank=True, help_text="Every rank's fresh stacks")
+    excerpt = models.TextField(blank=True, help_text="The named rank's stack, or why none")
+    state = models.CharField(max_length=16, default=DETECTED)
+    node_marked = models.BooleanField(
+        default=False, help_text="The node's JOB_HANG failure is open (once the job left it)"
+    )
+
+    class Meta:
+        ordering = ["detected_time", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "step"], name="job_hang_once")
+        ]

@@ -338,6 +338,7 @@ def job_detail(request, cluster_id: str, job_id: str):
         {
             **job_series_context(job),  # e.g. a recipe job's chart data (one query)
             "options": shown,
+            "hangs": list(job.hangs.all()) if job.recipe else [],  # recipes/hang.py
             "env": sorted(env.items()) if isinstance(env, dict) else [],
             "output_url": reverse(
                 "job-output", kwargs={"cluster_id": cluster.cluster_id, "job_id": job.job_id}

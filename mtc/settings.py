@@ -321,6 +321,10 @@ MTC_RETENTION_LOG_MAX_MB = _retention_days("MTC_RETENTION_LOG_MAX_MB", 256)
 # Seconds one purge run may take; what is left waits for the next (every 5 minutes).
 MTC_RETENTION_RUN_S = float(os.environ.get("MTC_RETENTION_RUN_S", "20"))
 
+# A running recipe job with no new step for max(5 x its median step time, this) is hung
+# (recipes/hang.py).
+MTC_HANG_FLOOR_S = float(os.environ.get("MTC_HANG_FLOOR_S", "60"))
+
 # Local provider limits (one host runs every node's slurmd).
 MTC_LOCAL_MAX_NODES_PER_CLUSTER = int(os.environ.get("MTC_LOCAL_MAX_NODES", "64"))
 MTC_LOCAL_PORT_RANGE = (17000, 29999)

@@ -97,6 +97,9 @@ def job_metrics_ingest(job: Job) -> int:
                 summary["last_checkpoint_step"] = checkpoint_step
             if event == "start":
                 summary.pop("done", None)
+                world = entry.get("world_size")  # how many ranks' stacks a hang expects
+                if isinstance(world, int) and not isinstance(world, bool) and world > 0:
+                    summary["world_size"] = world
                 for key in DATASET_KEYS:
                     if isinstance(entry.get(key), int) and not isinstance(entry[key], bool):
                         summary[key] = entry[key]

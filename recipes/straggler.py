@@ -215,8 +215,9 @@ def job_straggler_act(job: Job, straggler: Straggler) -> bool:
         job=job,
         time=timezone.now(),
         state=JobState.REQUEUED,
+        # "interrupted:" as every requeue by a repair: goodput counts the restart.
         cause=(
-            f"{evidence}; requeued "
+            f"interrupted: {evidence}; requeued "
             + (f"without {node.name}" if excluded else f"(could not exclude {node.name})")
         )[:500],
     )

@@ -6,22 +6,26 @@ from clusters.selectors import live_clusters
 from mtc.polls import for_each, single_flight
 
 from . import tensorboard
+from .hang import recipe_hangs_check
 from .metrics import recipe_jobs_ingest
 from .straggler import recipe_stragglers_check
+
+
+def recipe_round(cluster) -> int:
+    """One poller round for a cluster's recipe jobs: their new metrics, then the ranks'
+    step times compared (stragglers), then hangs."""
+    added = recipe_jobs_ingest(cluster)
+    recipe_stragglers_check(cluster)
+    recipe_hangs_check(cluster)
+    return added
 
 
 @shared_task(ignore_result=True)
 @single_flight("recipe-metrics")
 def recipe_metrics_ingest_all() -> int:
-    """Read the metrics every live cluster's recipe jobs wrote since the last round."""
-    return for_each(live_clusters(), recipe_jobs_poll, what="recipe metrics")
-
-
-def recipe_jobs_poll(cluster) -> int:
-    """Metrics in, then the ranks' step times compared (stragglers)."""
-    added = recipe_jobs_ingest(cluster)
-    recipe_stragglers_check(cluster)
-    return added
+    """Read the metrics every live cluster's recipe jobs wrote since the last round, and
+    handle the ones that straggle or hang."""
+    return for_each(live_clusters(), recipe_round, what="recipe metrics")
 
 
 @shared_task(ignore_result=True)

@@ -1,6 +1,9 @@
 """Every Slurm call as an argument list (never a shell), with the cluster's
 SLURM_CONF, a timeout, and errors split into transient and permanent. Submits go
-to the cluster's slurmrestd when it has one (rest.py), else to sbatch."""
+to the cluster's slurmrestd when it has one (rest.py), else to sbatch.
+
+Past 400 lines on purpose: it is the one adapter to Slurm, every call in one place
+(tests swap it at this edge)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from .errors import TRANSIENT_MARKERS, SlurmError
 log = logging.getLogger(__name__)
 
 NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,79}$")
+SIGNAL_NAME_RE = re.compile(r"(SIG)?[A-Z][A-Z0-9]{1,9}|[0-9]{1,2}")
 
 
 @dataclass(frozen=True)
@@ -339,6 +343,30 @@ class SlurmClient:
     def job_start_now(self, job_id: str) -> None:
         """Drop a requeued job's BeginTime hold-back (best effort)."""
         self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
+
+    def job_signal(self, job_id: str, signal: str, *, full: bool = False) -> None:
+        """Send ``signal`` (a name, USR1, or a number, 23) to a job's steps' processes, or
+        with ``full`` to the whole job (scancel --full; on 22.05 that reached the batch
+        shell but not the tasks of the job's srun step)."""
+        from .queue import JOB_ID_RE
+
+        if not JOB_ID_RE.fullmatch(job_id):
+            raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        if not SIGNAL_NAME_RE.fullmatch(signal):
+            raise SlurmError(f"invalid signal {signal!r}", permanent=True)
+        self.run(["scancel", f"--signal={signal}", *(["--full"] if full else []), job_id])
+
+    def job_exclude(self, job_id: str, nodes: list[str]) -> None:
+        """Keep a pending job off these nodes (its ExcNodeList; Slurm takes it only while
+        the job is pending, a requeued one included)."""
+        from .queue import JOB_ID_RE
+
+        if not JOB_ID_RE.fullmatch(job_id):
+            raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        for name in nodes:
+            if not NODE_NAME_RE.fullmatch(name):
+                raise SlurmError(f"invalid node name {name!r}", permanent=True)
+        self.run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"])
 
     def cancel_all(self) -> None:
         out = self.run(["squeue", "--noheader", "--format=%A"], check=False).stdout

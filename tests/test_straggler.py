@@ -163,7 +163,7 @@ def test_a_straggling_node_is_excluded_and_the_job_completes(cluster, user_api, 
     from jobs.models import Job
     from jobs.services import jobs_release_requeued
     from jobs.sync import jobs_sync
-    from recipes.tasks import recipe_jobs_poll
+    from recipes.tasks import recipe_round
 
     response = user_api.post(
         "/api/v1/clusters/sx/recipes/llama-pretrain/launch",
@@ -176,7 +176,7 @@ def test_a_straggling_node_is_excluded_and_the_job_completes(cluster, user_api, 
 
     def job() -> Job:
         jobs_sync(cluster=cluster)
-        recipe_jobs_poll(cluster)  # the poller's round: metrics, then stragglers
+        recipe_round(cluster)  # the poller's round: metrics, then stragglers
         jobs_release_requeued(cluster=cluster)
         return Job.objects.get(cluster=cluster, job_id=job_id)
 
@@ -228,7 +228,8 @@ def test_a_straggling_node_is_excluded_and_the_job_completes(cluster, user_api, 
     assert done.metrics["resumed_from_step"] >= 10
     causes = [e.cause for e in done.events.all()]
     assert any(
-        c.startswith(f"straggler: rank {match.group(1)} on {victim}") and f"without {victim}" in c
+        c.startswith(f"interrupted: straggler: rank {match.group(1)} on {victim}")
+        and f"without {victim}" in c
         for c in causes
     ), causes
     # Acted once: one SLOW_NODE failure, and the node went into its repair ladder.

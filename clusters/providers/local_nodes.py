@@ -1,13 +1,15 @@
 """The local provider's node side of health: each emulated node's device shim and
 agent (a daemon that reports to the API with the node's own token, and Slurm's
 HealthCheckProgram), its checks on demand, and real faults (kill, disk, slow) as well
-as the emulated GPU faults the shim reports."""
+as the emulated GPU faults the shim reports. ``hang`` stops one training rank on the node
+(SIGSTOP) until it is cleared (SIGCONT): its peers wait in their collective."""
 
 from __future__ import annotations
 
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +32,7 @@ AGENT_DIR = Path(__file__).resolve().parents[2] / "node" / "agent"
 # Slurm's HealthCheckProgram runs beside jobs: DCGM's quick level (health.policy's
 # table takes its "healthcheck" entry from here).
 HEALTHCHECK_DCGM_LEVEL = 1
-REAL_FAULTS = ("kill", "disk", "slow", "straggle")
+REAL_FAULTS = ("kill", "disk", "slow", "straggle", "hang")
 FAULT_KINDS = (*REAL_FAULTS, *shim_faults.KINDS)
 # What survives which repair: GPU hardware faults go only with a new machine.
 HARDWARE_FAULTS = ("ecc", "sdc", "dcgm", "gpu-missing")
@@ -295,6 +297,8 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
                 start_new_session=True,
             )
             pidfile.write_text(str(proc.pid))
+        elif kind == "hang":
+            self._hang_start(cluster, node, params.get("rank"))
         else:
             shim_faults.inject(node_dir, kind, **params)
 
@@ -304,6 +308,8 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
             (node_dir / "scratch" / FILL_FILE).unlink(missing_ok=True)
         if kind in (None, "slow", "straggle"):
             self._throttle_stop(cluster, node)
+        if kind in (None, "hang"):
+            self._hang_stop(cluster, node)
         if kind is None or kind in shim_faults.KINDS:
             if (node_dir / "faults.json").exists():
                 shim_faults.clear(node_dir, kind)
@@ -313,4 +319,37 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
         pid = procs.pid_from_file(pidfile)
         if pid and procs.is_running(pid):
             procs.stop([pid])
+        pidfile.unlink(missing_ok=True)
+
+    def training_ranks(self, cluster: Cluster, node: Node) -> dict[int, int]:
+        """{rank: pid} of the training processes (node.train.train under torchrun) of the
+        jobs on the node."""
+        ranks = {}
+        for pid in self.node_processes(cluster, node):
+            cmdline = owned._cmdline(pid)
+            if b"node.train.train" not in cmdline or b"torch.distributed.run" in cmdline:
+                continue
+            environ = procs._read(f"/proc/{pid}/environ").split(b"\0")
+            rank = next((e[5:] for e in environ if e.startswith(b"RANK=")), b"")
+            if rank.isdigit():
+                ranks[int(rank)] = pid
+        return ranks
+
+    def _hang_start(self, cluster: Cluster, node: Node, rank: object = None) -> None:
+        """SIGSTOP one training rank (``rank``, else the node's first) and leave it so."""
+        ranks = self.training_ranks(cluster, node)
+        if not ranks:
+            raise ValueError(f"no training process runs on {node.name}")
+        if rank is not None and (not isinstance(rank, int) or rank not in ranks):
+            raise ValueError(f"rank must be one of {sorted(ranks)} on {node.name}")
+        chosen = rank if rank is not None else min(ranks)
+        pid = ranks[chosen]
+        os.kill(pid, signal.SIGSTOP)
+        (self.root(cluster) / "run" / f"hang-{node.name}.pid").write_text(f"{pid}\n")
+
+    def _hang_stop(self, cluster: Cluster, node: Node) -> None:
+        pidfile = self.root(cluster) / "run" / f"hang-{node.name}.pid"
+        pid = procs.pid_from_file(pidfile)
+        if pid and procs.is_running(pid) and b"node.train.train" in owned._cmdline(pid):
+            os.kill(pid, signal.SIGCONT)
         pidfile.unlink(missing_ok=True)

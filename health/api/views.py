@@ -102,8 +102,8 @@ class NodeFaultsView(APIView):
         operation_id="health_fault_inject",
         request=FaultRequestSerializer,
         responses={202: FaultInjectedSerializer},
-        description='Operators only. Inject a fault: {"kind": "kill"|"disk"|"slow"|"ecc"|"xid"|'
-        '"dcgm"|"sdc"|"gpu-missing", ...kind parameters}.',
+        description='Operators only. Inject a fault: {"kind": "kill"|"disk"|"slow"|"hang"|'
+        '"ecc"|"xid"|"dcgm"|"sdc"|"gpu-missing", ...kind parameters}.',
     )
     def post(self, request, cluster_id, node):
         node = _node(cluster_id, node)

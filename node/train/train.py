@@ -35,6 +35,7 @@ from .metrics import MetricsLogger, peak_flops, progress_line
 from .model import autocast, flops_per_token
 from .optim import lr_at
 from .presets import param_count
+from .stacks import stacks_install
 from .start import Prepared, RunError, run_prepare
 from .steptimes import StepTimes
 from .tokenizer import TOKENIZER_FILE
@@ -309,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     _logging_setup(d.rank)
     try:
         cfg = load_config(args.config)
+        # Stacks on SIGURG for the poller's hang detection (node/train/stacks.py).
+        stacks = stacks_install(cfg.path, d.rank)  # noqa: F841 - open while the run lasts
         if cfg.require_cuda and d.device.type != "cuda":
             raise RunError(
                 "this job was launched on a GPU pool, but torch finds no CUDA device here "
