@@ -33,6 +33,7 @@ from health.models import NodeFailure
 from health.services import failures_update
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
+from node.train.config import STOP_NOW_FILE
 from slurm import SlurmError
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,16 @@ def job_step_times(job: Job) -> list[dict]:
     return rows
 
 
+def _stop_without_checkpoint(job: Job) -> None:
+    """Ask the job's ranks to end at the requeue's SIGTERM without saving (the runtime's
+    STOP_NOW_FILE): the straggler would save at its slow pace while the job cannot
+    start elsewhere; it resumes from its last periodic checkpoint instead."""
+    try:
+        (Path(job.checkpoint_dir).parent / STOP_NOW_FILE).write_text("straggler\n")
+    except OSError as exc:  # the requeue still goes; the ranks then save first
+        log.warning("job %s: could not ask for a stop without checkpoint: %s", job, exc)
+
+
 def _exclude(client, job_id: str, node: str) -> bool:
     """Add ``node`` to the requeued job's ExcNodeList (slurmctld takes it once the job is
     pending again), and let the job start at once."""
@@ -204,6 +215,7 @@ def job_straggler_act(job: Job, straggler: Straggler) -> bool:
     cluster = job.cluster
     client = get_provider(cluster.provider).slurm(cluster)
     evidence = f"straggler: {straggler.evidence()}"
+    _stop_without_checkpoint(job)
     try:
         client.control("requeue", job.job_id)
     except SlurmError as exc:

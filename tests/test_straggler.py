@@ -105,6 +105,39 @@ def test_the_runtime_writes_one_line_per_step_per_rank(tmp_path, monkeypatch):
     assert not (tmp_path / "solo").exists()
 
 
+STOP_PROGRAM = """
+import os, signal, sys, time
+from pathlib import Path
+from node.train import train
+with train._StopSignals(Path(sys.argv[1])):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    print("stop asked", train._STOP["signum"])
+"""
+
+
+@pytest.mark.parametrize("stop_now", [False, True])
+def test_sigterm_skips_the_stop_checkpoint_only_when_mtc_asked(tmp_path, stop_now):
+    """The runtime's SIGTERM: a checkpoint at the end of the step (the rank goes on and
+    records the ask), or with STOP_NOW_FILE in the run dir (a straggler's requeue) an
+    exit at once with 143."""
+    from node.train.config import STOP_NOW_FILE
+
+    if stop_now:
+        (tmp_path / STOP_NOW_FILE).write_text("straggler\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", STOP_PROGRAM, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    if stop_now:
+        assert proc.returncode == 143 and "stop asked" not in proc.stdout, proc.stderr
+    else:
+        assert proc.returncode == 0 and "stop asked 15" in proc.stdout, proc.stderr
+
+
 def test_straggle_throttles_the_nodes_job_processes_only(tmp_path):
     """`straggle` picks the node's job processes (Slurm's job environment), not its
     agent, slurmd or another node's job; `slow` picks them all."""

@@ -17,6 +17,12 @@ log = logging.getLogger("mtc.runtime")
 RECIPES = ("llama-pretrain", "gemma-pretrain", "continued-pretrain", "sft", "rl")
 SCHEDULES = ("cosine", "linear", "constant")
 
+# In the run dir when SIGTERM comes: each rank exits at once, without the stop's
+# checkpoint (node/train/train.py). mtc writes it before requeueing a job away from a
+# straggler (recipes/straggler.py): the slow node would take longer to save it than
+# the steps since the last checkpoint take to train again.
+STOP_NOW_FILE = "stop-now"
+
 
 class ConfigError(ValueError):
     pass

@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,7 +29,7 @@ from .checkpoint import (
     checkpoint_save,
     checkpoint_save_async,
 )
-from .config import ConfigError, RunConfig, load_config
+from .config import STOP_NOW_FILE, ConfigError, RunConfig, load_config
 from .corpus import CorpusError
 from .distributed import Dist, dist_close, dist_init
 from .metrics import MetricsLogger, peak_flops, progress_line
@@ -43,7 +44,7 @@ from .tokenizer import TOKENIZER_FILE
 log = logging.getLogger("mtc.runtime")
 EXIT_SIGNAL = 143
 REQUEUE_FILE = "requeue.json"  # run_dir: the batch script requeues the job (SIGUSR1)
-_STOP = {"signum": 0}
+_STOP: dict = {"signum": 0, "now_file": None}
 
 
 class _StdoutHandler(logging.StreamHandler):
@@ -72,11 +73,13 @@ class _StopSignals:
     """SIGTERM/SIGUSR1 ask for a checkpoint at the end of the current step; the ranks
     agree through the step's all-reduce, so all of them stop after the same step."""
 
-    def __init__(self):
+    def __init__(self, run_dir: Path | None = None):
         self.saved = {}
+        self.run_dir = run_dir
 
     def __enter__(self):
         _STOP["signum"] = 0
+        _STOP["now_file"] = self.run_dir / STOP_NOW_FILE if self.run_dir else None
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGUSR1):
                 self.saved[sig] = signal.signal(sig, self._handle)
@@ -84,6 +87,9 @@ class _StopSignals:
 
     @staticmethod
     def _handle(signum, frame):
+        now_file = _STOP["now_file"]
+        if signum == signal.SIGTERM and now_file is not None and now_file.exists():
+            os._exit(EXIT_SIGNAL)  # no checkpoint: see STOP_NOW_FILE
         _STOP["signum"] = signum
 
     def __exit__(self, *exc):
@@ -321,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         # From before the setup (tokenizer, data, model), which can take minutes: a
         # signal then stops the run after its first step, instead of killing the rank.
-        with _StopSignals():
+        if d.is_main:  # mtc's request was for the run before this one
+            (cfg.path / STOP_NOW_FILE).unlink(missing_ok=True)
+        with _StopSignals(cfg.path):
             return run(cfg, d)
     except (ConfigError, RunError, CorpusError, FileNotFoundError) as exc:
         log.error("%s", exc)
