@@ -1,5 +1,5 @@
 """Fault injection for operators and tests (docs/health.md). On the local
-provider `kill`, `disk` and `slow` are real; the GPU kinds go through the node's
+provider `kill`, `disk`, `slow` and `fabric` are real; the GPU kinds go through the node's
 device shim and are emulation."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def fault_inject(*, node: Node, kind: str, params: dict | None = None) -> dict:
         "node": node.name,
         "kind": kind,
         "injected_at": timezone.now().isoformat(),
-        "emulated": kind not in ("kill", "disk", "slow"),
+        "emulated": kind not in ("kill", "disk", "slow", "fabric"),
     }
 
 

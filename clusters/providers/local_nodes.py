@@ -1,6 +1,6 @@
 """The local provider's node side of health: each emulated node's device shim and
 agent (a daemon that reports to the API with the node's own token, and Slurm's
-HealthCheckProgram), its checks on demand, and real faults (kill, disk, slow) as well
+HealthCheckProgram), its checks on demand, and real faults (kill, disk, slow, fabric) as well
 as the emulated GPU faults the shim reports."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ AGENT_DIR = Path(__file__).resolve().parents[2] / "node" / "agent"
 # Slurm's HealthCheckProgram runs beside jobs: DCGM's quick level (health.policy's
 # table takes its "healthcheck" entry from here).
 HEALTHCHECK_DCGM_LEVEL = 1
-REAL_FAULTS = ("kill", "disk", "slow")
+# fabric: the node's fabric-check ranks throttled (slow collectives, the agent's checks pass).
+REAL_FAULTS = ("kill", "disk", "slow", "fabric")
 FAULT_KINDS = (*REAL_FAULTS, *shim_faults.KINDS)
 # What survives which repair: GPU hardware faults go only with a new machine.
 HARDWARE_FAULTS = ("ecc", "sdc", "dcgm", "gpu-missing")
@@ -273,26 +274,9 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
             fill = node_dir / "scratch" / FILL_FILE
             with open(fill, "wb") as fh:  # a real (sparse) file as large as the scratch
                 fh.truncate(int(settings.MTC_LOCAL_SCRATCH_GB * 2**30))
-        elif kind == "slow":
-            self._throttle_stop(cluster, node)
-            pidfile = self.root(cluster) / "run" / f"throttle-{node.name}.pid"
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(AGENT_DIR / "throttle.py"),
-                    "--node",
-                    node.name,
-                    "--pidfile",
-                    str(self.root(cluster) / "run" / f"slurmd-{node.name}.pid"),
-                    "--duty",
-                    str(params.get("duty", 0.75)),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            pidfile.write_text(str(proc.pid))
+        elif kind in ("slow", "fabric"):
+            duty = float(params.get("duty", 0.8 if kind == "fabric" else 0.75))
+            self._throttle_start(cluster, node, kind, duty)
         else:
             shim_faults.inject(node_dir, kind, **params)
 
@@ -302,12 +286,45 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
             (node_dir / "scratch" / FILL_FILE).unlink(missing_ok=True)
         if kind in (None, "slow"):
             self._throttle_stop(cluster, node)
+        if kind in (None, "fabric"):
+            self._throttle_stop(cluster, node, "fabric")
         if kind is None or kind in shim_faults.KINDS:
             if (node_dir / "faults.json").exists():
                 shim_faults.clear(node_dir, kind)
 
-    def _throttle_stop(self, cluster: Cluster, node: Node) -> None:
-        pidfile = self.root(cluster) / "run" / f"throttle-{node.name}.pid"
+    def _throttle_pidfile(self, cluster: Cluster, node: Node, kind: str) -> Path:
+        prefix = "throttle" if kind == "slow" else f"throttle-{kind}"
+        return self.root(cluster) / "run" / f"{prefix}-{node.name}.pid"
+
+    def _throttle_start(self, cluster: Cluster, node: Node, kind: str, duty: float) -> None:
+        """A duty cycle of stop/continue on the node's processes (slow), or only on its
+        fabric-check ranks (fabric: they carry MTC_FABRIC_TEST, health/fabric.py)."""
+        if not 0 < duty < 1:
+            raise ValueError("duty must be between 0 and 1")
+        self._throttle_stop(cluster, node, kind)
+        args = [
+            sys.executable,
+            str(AGENT_DIR / "throttle.py"),
+            "--node",
+            node.name,
+            "--pidfile",
+            str(self.root(cluster) / "run" / f"slurmd-{node.name}.pid"),
+            "--duty",
+            str(duty),
+        ]
+        if kind == "fabric":
+            args += ["--only-env", "MTC_FABRIC_TEST=1"]
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._throttle_pidfile(cluster, node, kind).write_text(str(proc.pid))
+
+    def _throttle_stop(self, cluster: Cluster, node: Node, kind: str = "slow") -> None:
+        pidfile = self._throttle_pidfile(cluster, node, kind)
         pid = procs.pid_from_file(pidfile)
         if pid and procs.is_running(pid):
             procs.stop([pid])

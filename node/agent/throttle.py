@@ -1,7 +1,10 @@
 """Throttle one emulated node's CPU for the `slow` fault: stop and continue its
 processes (its slurmd, its job tasks and its agent) on a duty cycle. Stdlib only.
 
-    python3 throttle.py --node NAME --pidfile SLURMD_PID_FILE [--duty 0.7]
+    python3 throttle.py --node NAME --pidfile SLURMD_PID_FILE [--duty 0.7] [--only-env K=V]
+
+With --only-env (the `fabric` fault) only the node's processes whose environment holds
+K=V are throttled, the slurmd pid file's process excluded.
 """
 
 from __future__ import annotations
@@ -14,15 +17,18 @@ import time
 PERIOD_S = 0.2
 
 
-def node_pids(node: str, pidfile: str) -> set[int]:
+def node_pids(node: str, pidfile: str, only_env: str = "") -> set[int]:
     """The node's slurmd and every process that says it runs on the node (of this
-    cluster: its SLURM_CONF, next to the pid file's run/ directory, must match too)."""
+    cluster: its SLURM_CONF, next to the pid file's run/ directory, must match too).
+    ``only_env`` (K=V): only the processes whose environment holds it."""
     pids: set[int] = set()
     try:
         with open(pidfile) as fh:
-            pids.add(int(fh.read().strip()))
+            if not only_env:
+                pids.add(int(fh.read().strip()))
     except (OSError, ValueError):
         pass
+    wanted = f"\0{only_env}\0".encode() if only_env else b""
     needles = (f"SLURMD_NODENAME={node}\0".encode(), f"MTC_NODE={node}\0".encode())
     conf = os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(pidfile))), "etc", "slurm.conf"
@@ -36,6 +42,8 @@ def node_pids(node: str, pidfile: str) -> set[int]:
             with open(f"/proc/{entry}/environ", "rb") as fh:
                 environ = fh.read() + b"\0"
         except OSError:
+            continue
+        if wanted and wanted not in b"\0" + environ:
             continue
         if same_cluster in environ and any(needle in environ for needle in needles):
             pids.add(int(entry))
@@ -55,6 +63,7 @@ def main() -> None:
     parser.add_argument("--node", required=True)
     parser.add_argument("--pidfile", required=True)
     parser.add_argument("--duty", type=float, default=0.7, help="share of time stopped")
+    parser.add_argument("--only-env", default="", help="K=V: only processes with it")
     args = parser.parse_args()
     running = True
 
@@ -69,7 +78,7 @@ def main() -> None:
     try:
         while running:
             if time.monotonic() - scanned > PERIOD_S:  # new processes (a check) get caught at once
-                pids = node_pids(args.node, args.pidfile)
+                pids = node_pids(args.node, args.pidfile, args.only_env)
                 scanned = time.monotonic()
             _signal(pids, signal.SIGSTOP)
             time.sleep(PERIOD_S * args.duty)

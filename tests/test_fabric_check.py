@@ -1,0 +1,64 @@
+"""The fabric check on a real 4-node local cluster: a node whose collective traffic is
+throttled (the `fabric` fault) is found by two failing pairs, its partners are not."""
+
+import pytest
+from django.test import Client
+
+from clusters import services as cluster_services
+from clusters.models import Cluster
+from health.models import FabricCheck, NodeFailure
+
+from .conftest import make_spec, sinfo_json
+
+pytestmark = pytest.mark.slurm
+
+BAD = "fx-gpu-2"
+
+
+@pytest.fixture
+def cluster(local_clusters, settings):
+    settings.MTC_FABRIC_CHECK_ON_CREATE = False
+    settings.MTC_FABRIC_CHECK_ON_REPAIR = False
+    cluster_services.cluster_create(spec=make_spec("fx", nodes=4))
+    return Cluster.objects.get(cluster_id="fx")
+
+
+def test_only_operators_may_ask_for_a_fabric_check(cluster, user_api):
+    assert user_api.post("/api/v1/clusters/fx/fabric-check").status_code == 403
+    assert not FabricCheck.objects.exists()
+
+
+def test_a_throttled_node_is_found_by_its_two_failing_pairs(cluster, operator_api, operator):
+    injected = operator_api.post(
+        f"/api/v1/clusters/fx/nodes/{BAD}/faults", {"kind": "fabric"}, format="json"
+    )
+    assert injected.status_code == 202 and injected.json()["emulated"] is False
+    try:
+        response = operator_api.post("/api/v1/clusters/fx/fabric-check")
+        assert response.status_code == 202, response.content
+        operation = operator_api.get(f"/api/v1/operations/{response.json()['id']}").json()
+        assert operation["state"] == "SUCCEEDED", operation
+    finally:
+        operator_api.delete(f"/api/v1/clusters/fx/nodes/{BAD}/faults?kind=fabric")
+
+    check = FabricCheck.objects.get()
+    assert check.state == "FAILED", (check.message, check.results)
+    assert len(check.results) == 4, check.results  # two passes of two pairs, all measured
+    assert list(check.bad_nodes) == [BAD], (check.basis, check.results)
+    failure = NodeFailure.objects.get(mode="FABRIC_DEGRADED")
+    assert failure.node.name == BAD
+    partners = {n for row in check.bad_nodes[BAD] for n in row["nodes"]} - {BAD}
+    assert len(partners) == 2 and all(p in failure.message for p in partners), failure.message
+    assert "GB/s" in failure.message and "floor" in failure.message
+    assert not NodeFailure.objects.exclude(node__name=BAD).filter(mode="FABRIC_DEGRADED").exists()
+    # Nothing held back: the reservation is gone and the good nodes take work again.
+    states = sinfo_json("fx")
+    assert all(states[f"fx-gpu-{i}"] == "idle" for i in (0, 1, 3)), states
+
+    page = Client()
+    page.force_login(operator)
+    html = page.get(f"/clusters/fx/nodes/{BAD}/").content.decode()
+    assert 'data-testid="fabric-verdict">degraded' in html
+    assert all(f'data-partner="{p}"' in html for p in partners)
+    good = page.get("/clusters/fx/nodes/fx-gpu-0/").content.decode()
+    assert 'data-testid="fabric-verdict">passed' in good
