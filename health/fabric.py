@@ -46,11 +46,13 @@ SCRIPT = r"""#!/bin/bash
 set -uo pipefail
 export PYTHONPATH={repo} OMP_NUM_THREADS=1
 PY={python}
+# --overlap: a step does not wait for the last one on its node to be released (a wave's
+# pairs never share a node).
 pair() {{  # pass first second: one node/fabric.py rank on each, rendezvous on the first
   local port
-  port=$(srun --nodes=1 --ntasks=1 --nodelist="$2" "$PY" -IS -c {free_port}) || {{
+  port=$(srun --overlap --nodes=1 --ntasks=1 --nodelist="$2" "$PY" -IS -c {free_port}) || {{
     echo "mtc: no port on $2 ($1)"; return; }}
-  srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist="$2,$3" --time={pair_limit} \
+  srun --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist="$2,$3" --time={pair_limit} \
     --kill-on-bad-exit=1 --export=ALL,MTC_FABRIC_TEST=1 "$PY" -m node.fabric \
     --master-addr {master_addr} --master-port "$port" --label "$1" \
     || echo "mtc: pass $1 pair $2 $3 failed"
@@ -62,8 +64,10 @@ pair() {{  # pass first second: one node/fabric.py rank on each, rendezvous on t
 def _script(check: FabricCheck, provider_name: str) -> str:
     lines = []
     for index, pairs in enumerate(check.passes):
+        lines.append(f'echo "mtc: pass {index + 1} starts $(date -u +%T.%N)"')
         for wave in waves([tuple(p) for p in pairs]):
             lines.append(" ".join(f"pair {index} {a} {b} &" for a, b in wave) + " wait")
+    lines.append('echo "mtc: done $(date -u +%T.%N)"')
     return SCRIPT.format(
         check_id=check.pk,
         repo=shlex.quote(str(settings.BASE_DIR)),

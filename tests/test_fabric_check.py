@@ -6,6 +6,7 @@ from django.test import Client
 
 from clusters import services as cluster_services
 from clusters.models import Cluster
+from clusters.providers import get_provider
 from health.models import FabricCheck, NodeFailure
 
 from .conftest import make_spec, sinfo_json
@@ -13,6 +14,11 @@ from .conftest import make_spec, sinfo_json
 pytestmark = pytest.mark.slurm
 
 BAD = "fx-gpu-2"
+
+
+def slurm_states(cluster) -> dict[str, str]:
+    """{node: sinfo's state word} (idle, drained, ...): sinfo --json keeps DRAIN apart."""
+    return {n.name: n.display_state for n in get_provider("local").slurm(cluster).nodes()}
 
 
 @pytest.fixture
@@ -42,6 +48,11 @@ def test_a_throttled_node_is_found_by_its_two_failing_pairs(cluster, operator_ap
         operator_api.delete(f"/api/v1/clusters/fx/nodes/{BAD}/faults?kind=fabric")
 
     check = FabricCheck.objects.get()
+    took = (check.end_time - check.create_time).total_seconds()
+    print(f"fabric check: {took:.1f} s; floor {check.basis}")
+    for row in check.results:
+        figures = f"{row['bus_gbps']} GB/s, {row['latency_us']} us"
+        print(f"  pass {row['pass'] + 1} {row['nodes']}: {figures}")
     assert check.state == "FAILED", (check.message, check.results)
     assert len(check.results) == 4, check.results  # two passes of two pairs, all measured
     assert list(check.bad_nodes) == [BAD], (check.basis, check.results)
@@ -62,3 +73,46 @@ def test_a_throttled_node_is_found_by_its_two_failing_pairs(cluster, operator_ap
     assert all(f'data-partner="{p}"' in html for p in partners)
     good = page.get("/clusters/fx/nodes/fx-gpu-0/").content.decode()
     assert 'data-testid="fabric-verdict">passed' in good
+
+
+def test_a_repaired_node_is_resumed_only_after_its_fabric_check_passed(
+    cluster, operator_api, settings
+):
+    settings.MTC_FABRIC_CHECK_ON_REPAIR = True
+    operator_api.post(f"/api/v1/clusters/fx/nodes/{BAD}/faults", {"kind": "fabric"}, format="json")
+    try:
+        answer = operator_api.post(
+            f"/api/v1/clusters/fx/nodes/{BAD}/repair", {"action": "reboot"}, format="json"
+        )
+        assert answer.status_code == 202, answer.content
+        repair = operator_api.get(f"/api/v1/clusters/fx/nodes/{BAD}/health").json()["repairs"][0]
+        assert repair["state"] == "FAILED" and "fabric check" in repair["message"], repair
+        assert slurm_states(cluster)[BAD] == "drained"  # it takes no work
+        check = FabricCheck.objects.get(trigger="repair")
+        assert list(check.bad_nodes) == [BAD] and BAD in check.nodes
+    finally:
+        operator_api.delete(f"/api/v1/clusters/fx/nodes/{BAD}/faults?kind=fabric")
+    # The fault gone, the next repair's check passes and the node is back in service.
+    answer = operator_api.post(
+        f"/api/v1/clusters/fx/nodes/{BAD}/repair", {"action": "reboot"}, format="json"
+    )
+    assert answer.status_code == 202, answer.content
+    repair = operator_api.get(f"/api/v1/clusters/fx/nodes/{BAD}/health").json()["repairs"][0]
+    assert repair["state"] == "SUCCEEDED", repair
+    assert FabricCheck.objects.filter(trigger="repair").first().state == "PASSED"
+    assert slurm_states(cluster)[BAD] == "idle"
+
+
+def test_a_new_cluster_is_checked_before_it_takes_work(local_clusters, settings):
+    settings.MTC_FABRIC_CHECK_ON_CREATE = True
+    operation = cluster_services.cluster_create(spec=make_spec("fy", nodes=2))
+    operation.refresh_from_db()
+    assert operation.state == "SUCCEEDED", operation.error_message
+    check = FabricCheck.objects.get(cluster__cluster_id="fy")
+    assert check.trigger == "create" and check.operation_id == operation.pk
+    assert check.nodes == ["fy-gpu-0", "fy-gpu-1"] and len(check.results) == 1, check.message
+    # Two nodes: one pair, nothing to compare it with on emulated nodes.
+    assert check.state == "PASSED" and check.floor_gbps is None
+    assert check.results[0]["bus_gbps"] > 0 and check.results[0]["backend"] == "gloo"
+    states = sinfo_json("fy")
+    assert states["fy-gpu-0"] == states["fy-gpu-1"] == "idle", states

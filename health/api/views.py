@@ -102,7 +102,7 @@ class NodeFaultsView(APIView):
         request=FaultRequestSerializer,
         responses={202: FaultInjectedSerializer},
         description='Operators only. Inject a fault: {"kind": "kill"|"disk"|"slow"|"ecc"|"xid"|'
-        '"dcgm"|"sdc"|"gpu-missing", ...kind parameters}.',
+        '"dcgm"|"sdc"|"gpu-missing"|"fabric", ...kind parameters}.',
     )
     def post(self, request, cluster_id, node):
         node = _node(cluster_id, node)
