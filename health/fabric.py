@@ -53,7 +53,7 @@ pair() {{  # pass first second: one node/fabric.py rank on each, rendezvous on t
   port=$(srun --overlap --nodes=1 --ntasks=1 --nodelist="$2" "$PY" -IS -c {free_port}) || {{
     echo "mtc: no port on $2 ($1)"; return; }}
   srun --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 --nodelist="$2,$3" --time={pair_limit} \
-    --kill-on-bad-exit=1 --export=ALL,MTC_FABRIC_TEST=1 "$PY" -m node.fabric \
+    --kill-on-bad-exit=1 "$PY" -m node.fabric \
     --master-addr {master_addr} --master-port "$port" --label "$1" \
     || echo "mtc: pass $1 pair $2 $3 failed"
 }}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from mtc.secretfile import private_append
+from node.fabric import MEASURING_COMM
 from node.shim import inject as shim_faults
 from node.shim.install import install as shim_install
 from slurm import config as slurm_config
@@ -298,7 +299,7 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
 
     def _throttle_start(self, cluster: Cluster, node: Node, kind: str, duty: float) -> None:
         """A duty cycle of stop/continue on the node's processes (slow), or only on its
-        fabric-check ranks (fabric: they carry MTC_FABRIC_TEST, health/fabric.py)."""
+        fabric-check ranks while they measure (fabric: node/fabric.py names them so)."""
         if not 0 < duty < 1:
             raise ValueError("duty must be between 0 and 1")
         self._throttle_stop(cluster, node, kind)
@@ -313,7 +314,7 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
             str(duty),
         ]
         if kind == "fabric":
-            args += ["--only-env", "MTC_FABRIC_TEST=1"]
+            args += ["--only-comm", MEASURING_COMM]
         proc = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

@@ -1,10 +1,10 @@
 """Throttle one emulated node's CPU for the `slow` fault: stop and continue its
 processes (its slurmd, its job tasks and its agent) on a duty cycle. Stdlib only.
 
-    python3 throttle.py --node NAME --pidfile SLURMD_PID_FILE [--duty 0.7] [--only-env K=V]
+    python3 throttle.py --node NAME --pidfile SLURMD_PID_FILE [--duty 0.7] [--only-comm NAME]
 
-With --only-env (the `fabric` fault) only the node's processes whose environment holds
-K=V are throttled, the slurmd pid file's process excluded.
+With --only-comm (the `fabric` fault) only the node's processes named NAME (/proc/PID/comm)
+are throttled, the slurmd pid file's process excluded.
 """
 
 from __future__ import annotations
@@ -17,18 +17,17 @@ import time
 PERIOD_S = 0.2
 
 
-def node_pids(node: str, pidfile: str, only_env: str = "") -> set[int]:
+def node_pids(node: str, pidfile: str, only_comm: str = "") -> set[int]:
     """The node's slurmd and every process that says it runs on the node (of this
     cluster: its SLURM_CONF, next to the pid file's run/ directory, must match too).
-    ``only_env`` (K=V): only the processes whose environment holds it."""
+    ``only_comm``: only the processes of that name."""
     pids: set[int] = set()
     try:
         with open(pidfile) as fh:
-            if not only_env:
+            if not only_comm:
                 pids.add(int(fh.read().strip()))
     except (OSError, ValueError):
         pass
-    wanted = f"\0{only_env}\0".encode() if only_env else b""
     needles = (f"SLURMD_NODENAME={node}\0".encode(), f"MTC_NODE={node}\0".encode())
     conf = os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(pidfile))), "etc", "slurm.conf"
@@ -43,11 +42,19 @@ def node_pids(node: str, pidfile: str, only_env: str = "") -> set[int]:
                 environ = fh.read() + b"\0"
         except OSError:
             continue
-        if wanted and wanted not in b"\0" + environ:
+        if only_comm and _comm(entry) != only_comm:
             continue
         if same_cluster in environ and any(needle in environ for needle in needles):
             pids.add(int(entry))
     return pids
+
+
+def _comm(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 def _signal(pids: set[int], sig: int) -> None:
@@ -63,7 +70,7 @@ def main() -> None:
     parser.add_argument("--node", required=True)
     parser.add_argument("--pidfile", required=True)
     parser.add_argument("--duty", type=float, default=0.7, help="share of time stopped")
-    parser.add_argument("--only-env", default="", help="K=V: only processes with it")
+    parser.add_argument("--only-comm", default="", help="only processes of this name")
     args = parser.parse_args()
     running = True
 
@@ -78,7 +85,7 @@ def main() -> None:
     try:
         while running:
             if time.monotonic() - scanned > PERIOD_S:  # new processes (a check) get caught at once
-                pids = node_pids(args.node, args.pidfile, args.only_env)
+                pids = node_pids(args.node, args.pidfile, args.only_comm)
                 scanned = time.monotonic()
             _signal(pids, signal.SIGSTOP)
             time.sleep(PERIOD_S * args.duty)
