@@ -234,17 +234,23 @@ def _job_run(
     FabricCheck.objects.filter(pk=check.pk).update(job_id=job_id)
     check.job_id = job_id
     deadline = time.monotonic() + JOB_TIMEOUT_S + 30
-    while True:
-        info = client.job(job_id)
-        if info is None or info.state not in ACTIVE_JOB_STATES:
-            break
-        if time.monotonic() > deadline:
+    try:
+        while True:
+            info = client.job(job_id)
+            if info is None or info.state not in ACTIVE_JOB_STATES:
+                break
+            if time.monotonic() > deadline:
+                raise SlurmError(
+                    f"fabric check job {job_id} ran past {JOB_TIMEOUT_S} s", permanent=True
+                )
+            progress(f"Fabric check: job {job_id} {info.state.lower()}")
+            time.sleep(0.5)
+    except BaseException:  # timed out, or the Operation was taken over: end the job too
+        try:
             client.control("cancel", job_id)
-            raise SlurmError(
-                f"fabric check job {job_id} ran past {JOB_TIMEOUT_S} s", permanent=True
-            )
-        progress(f"Fabric check: job {job_id} {info.state.lower()}")
-        time.sleep(0.5)
+        except SlurmError as exc:
+            log.info("cancelling fabric check job %s: %s", job_id, exc)
+        raise
     return parse_results(output.read_text(errors="replace") if output.exists() else "")
 
 

@@ -7,7 +7,8 @@ srun step (a pair of nodes, one rank each), printed by rank 0 as one JSON line.
 It joins the process group the way the training runtime does (node/train/distributed.py:
 NCCL on CUDA, gloo on CPU), from Slurm's task variables instead of torchrun's. The bus
 bandwidth is nccl-tests' figure for all-reduce: algbw x 2(n-1)/n, with the slowest rank's
-time. No Django: this runs on the nodes.
+time, best of a few rounds (a busy host only ever lowers a round's figure). No Django:
+this runs on the nodes.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _timed(op, count: int, sync) -> float:
     return time.perf_counter() - start
 
 
-def measure(size_bytes: int, iters: int, warmup: int, latency_iters: int) -> dict:
+def measure(size_bytes: int, iters: int, warmup: int, latency_iters: int, rounds: int = 3) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -73,9 +74,11 @@ def measure(size_bytes: int, iters: int, warmup: int, latency_iters: int) -> dic
         small = torch.ones(1, dtype=torch.float32, device=device)
         for _ in range(warmup):
             dist.all_reduce(big)
-        # Both ranks wait for the slower one: its time is the pair's.
-        elapsed = _timed(lambda: dist.all_reduce(big), iters, sync)
-        latency = _timed(lambda: dist.all_reduce(small), latency_iters, sync)
+        # Both ranks wait for the slower one: its time is the pair's; each rank's best round.
+        elapsed = min(_timed(lambda: dist.all_reduce(big), iters, sync) for _ in range(rounds))
+        latency = min(
+            _timed(lambda: dist.all_reduce(small), latency_iters, sync) for _ in range(rounds)
+        )
         slowest = d.all_reduce([elapsed, latency], op="max")
         names: list = [None] * d.world
         dist.all_gather_object(names, os.environ.get("SLURMD_NODENAME") or socket.gethostname())
@@ -87,6 +90,7 @@ def measure(size_bytes: int, iters: int, warmup: int, latency_iters: int) -> dic
             "backend": dist.get_backend(),
             "bytes": size_bytes,
             "iters": iters,
+            "rounds": rounds,
             "alg_gbps": round(alg, 4),
             "bus_gbps": round(alg * 2 * (d.world - 1) / d.world, 4),
             "latency_us": round(slowest[1] / latency_iters * 1e6, 1),
@@ -100,16 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("--size-mb", type=float, default=0, help="0: 256 on GPUs, 8 on CPUs")
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=10, help="all-reduces a round")
+    parser.add_argument("--rounds", type=int, default=3, help="the best round counts")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--latency-iters", type=int, default=50)
+    parser.add_argument("--latency-iters", type=int, default=20)
     parser.add_argument("--label", default="", help="copied into the result (pass/pair)")
     args = parser.parse_args(argv)
     _slurm_to_torchrun_env(args.master_addr, args.master_port)
     import torch
 
     size_mb = args.size_mb or (256 if torch.cuda.is_available() else 8)
-    result = measure(int(size_mb * 2**20) // 4 * 4, args.iters, args.warmup, args.latency_iters)
+    result = measure(
+        int(size_mb * 2**20) // 4 * 4, args.iters, args.warmup, args.latency_iters, args.rounds
+    )
     if result.pop("rank") == 0:
         result["label"] = args.label
         print(json.dumps(result), flush=True)
