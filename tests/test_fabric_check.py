@@ -86,9 +86,14 @@ def test_a_repaired_node_is_resumed_only_after_its_fabric_check_passed(
         )
         assert answer.status_code == 202, answer.content
         repair = operator_api.get(f"/api/v1/clusters/fx/nodes/{BAD}/health").json()["repairs"][0]
-        assert repair["state"] == "FAILED" and "fabric check" in repair["message"], repair
+        checked = FabricCheck.objects.filter(trigger="repair").first()
+        assert repair["state"] == "FAILED" and "fabric check" in repair["message"], (
+            repair,
+            checked and (checked.basis, checked.results),
+        )
         assert slurm_states(cluster)[BAD] == "drained"  # it takes no work
         check = FabricCheck.objects.get(trigger="repair")
+        print("repair's fabric check:", [(r["nodes"], r["bus_gbps"]) for r in check.results])
         assert list(check.bad_nodes) == [BAD] and BAD in check.nodes
     finally:
         operator_api.delete(f"/api/v1/clusters/fx/nodes/{BAD}/faults?kind=fabric")

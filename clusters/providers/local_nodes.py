@@ -276,7 +276,7 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
             with open(fill, "wb") as fh:  # a real (sparse) file as large as the scratch
                 fh.truncate(int(settings.MTC_LOCAL_SCRATCH_GB * 2**30))
         elif kind in ("slow", "fabric"):
-            duty = float(params.get("duty", 0.9 if kind == "fabric" else 0.75))
+            duty = float(params.get("duty", 0.95 if kind == "fabric" else 0.75))
             self._throttle_start(cluster, node, kind, duty)
         else:
             shim_faults.inject(node_dir, kind, **params)
