@@ -10,6 +10,7 @@ from clusters.providers import get_provider
 from health.models import FabricCheck, NodeFailure
 
 from .conftest import make_spec, sinfo_json
+from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -105,7 +106,12 @@ def test_a_repaired_node_is_resumed_only_after_its_fabric_check_passed(
     repair = operator_api.get(f"/api/v1/clusters/fx/nodes/{BAD}/health").json()["repairs"][0]
     assert repair["state"] == "SUCCEEDED", repair
     assert FabricCheck.objects.filter(trigger="repair").first().state == "PASSED"
-    assert slurm_states(cluster)[BAD] == "idle"
+    # Resumed: no longer drained (slurmd, just restarted, may be a moment from answering).
+    wait_until(
+        lambda: slurm_states(cluster)[BAD] == "idle",
+        what=lambda: f"{BAD} idle (it is {slurm_states(cluster)[BAD]})",
+        timeout=60,
+    )
 
 
 def test_a_new_cluster_is_checked_before_it_takes_work(local_clusters, settings):
