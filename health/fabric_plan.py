@@ -23,9 +23,9 @@ import statistics
 from dataclasses import dataclass, field
 
 # Emulated nodes share a few host cores with each other and everything else on the host:
-# a good pair's figure swings by up to 2x with the host's load (measured: good pairs 0.55
-# to 1.45 x the median, pairs with a `fabric`-faulted node 0.18 to 0.28 x); 0.4 keeps both
-# sides of that apart.
+# a good pair's figure swings by up to 2x with the host's load. Measured on a loaded 2-core
+# host, 4 nodes: good pairs 0.55 to 1.45 x the median, pairs with a node under the `fabric`
+# fault (duty 0.95) 0.09 to 0.26 x; 0.4 keeps both sides of that apart.
 RELATIVE_FLOOR = 0.4
 
 # Floors for real GPUs, one rank (one GPU) per node, in GB/s of all-reduce bus bandwidth:
