@@ -34,6 +34,7 @@ class OperationKind(models.TextChoices):
     UPDATE_CLUSTER = "UPDATE_CLUSTER"
     DELETE_CLUSTER = "DELETE_CLUSTER"
     REPAIR_NODE = "REPAIR_NODE"
+    FABRIC_CHECK = "FABRIC_CHECK"  # the fabric check (health/fabric.py)
 
 
 class NodeLifecycle(models.TextChoices):

@@ -302,6 +302,9 @@ def _reconcile_cluster(operation: Operation) -> None:
         operation_progress(operation, 90, "Holding the pools' spare nodes")
         spares_assign(cluster=cluster)
     nodes_sync(cluster=cluster, provider=provider)
+    if operation.kind == OperationKind.CREATE_CLUSTER:
+        for hook in cluster_created_hooks:
+            hook(operation, cluster)
     Cluster.objects.filter(pk=cluster.pk).exclude(state=ClusterState.DELETING).update(
         state=ClusterState.RUNNING, state_message="", update_time=timezone.now()
     )
@@ -325,6 +328,11 @@ def _delete_cluster(operation: Operation) -> None:
     operation_progress(operation, 90, "Removing records")
     cluster.delete()
 
+
+# Run by a cluster's create Operation once its nodes have registered, before the cluster is
+# RUNNING (so before its nodes take work): apps above clusters add theirs (health: the
+# fabric check) from their AppConfig.ready().
+cluster_created_hooks: list[Callable[[Operation, Cluster], None]] = []
 
 HANDLERS: dict[str, Callable[[Operation], None]] = {
     OperationKind.CREATE_CLUSTER: _reconcile_cluster,

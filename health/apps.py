@@ -8,10 +8,11 @@ class HealthConfig(AppConfig):
     def ready(self) -> None:
         # Node repair is an Operation kind this app owns: clusters runs it, health decides.
         from clusters.choices import OperationKind
-        from clusters.operations import operation_kind_register
+        from clusters.operations import cluster_created_hooks, operation_kind_register
         from mtc.retention import purge_register
 
         from . import tasks  # noqa: F401 (registers the Celery tasks)
+        from .fabric import fabric_check_execute, fabric_check_on_create
         from .repair import repair_execute, repair_operation_failed
         from .retention import repairs_purge, reports_purge
 
@@ -21,3 +22,8 @@ class HealthConfig(AppConfig):
         operation_kind_register(
             OperationKind.REPAIR_NODE, repair_execute, on_fail=repair_operation_failed
         )
+        # A fabric check that fails leaves its cluster as it was (no ERROR state).
+        operation_kind_register(
+            OperationKind.FABRIC_CHECK, fabric_check_execute, on_fail=lambda op, message: None
+        )
+        cluster_created_hooks.append(fabric_check_on_create)

@@ -1,6 +1,6 @@
 """Fault injection for operators and tests (docs/health.md). On the local
-provider `kill`, `disk`, `slow`, `straggle` and `hang` are real; the GPU kinds go through the node's
-device shim and are emulation."""
+provider `kill`, `disk`, `slow`, `straggle`, `hang` and `fabric` are real; the GPU kinds
+go through the node's device shim and are emulation."""
 
 from __future__ import annotations
 

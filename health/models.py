@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.db import models
 
-from clusters.models import Cluster, Node, Operation
+from clusters.models import Cluster, Node, NodePool, Operation
 
 from .choices import FailureState, RepairAction, RepairState
 
@@ -87,3 +87,37 @@ class Repair(models.Model):
     class Meta:
         ordering = ["-create_time", "-id"]
         indexes = [models.Index(fields=["cluster", "state"])]
+
+
+class FabricCheck(models.Model):
+    """One fabric check of a pool (health/fabric.py): its pairs, each pair's all-reduce
+    figures, the floor they were judged by, and the nodes found bad."""
+
+    class State(models.TextChoices):
+        RUNNING = "RUNNING"
+        PASSED = "PASSED"  # every node has a good pair
+        FAILED = "FAILED"  # bad nodes found (bad_nodes)
+        ERROR = "ERROR"  # the check itself did not run to the end (message)
+        SKIPPED = "SKIPPED"  # fewer than two idle nodes
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="fabric_checks")
+    pool = models.ForeignKey(NodePool, null=True, on_delete=models.SET_NULL, related_name="+")
+    operation = models.ForeignKey(
+        Operation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    trigger = models.CharField(max_length=20)  # on-demand | create | repair
+    state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
+    job_id = models.CharField(max_length=20, blank=True)
+    nodes = models.JSONField(default=list)
+    passes = models.JSONField(default=list)  # [[[a, b], ...], ...]
+    results = models.JSONField(default=list)  # node/fabric.py's lines, each with its pass
+    floor_gbps = models.FloatField(null=True, blank=True)
+    basis = models.CharField(max_length=200, blank=True)
+    bad_nodes = models.JSONField(default=dict)  # node -> its failing pairs
+    message = models.CharField(max_length=500, blank=True)
+    create_time = models.DateTimeField(auto_now_add=True)
+    end_time = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-create_time", "-id"]
+        indexes = [models.Index(fields=["cluster", "-create_time"])]

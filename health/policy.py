@@ -80,6 +80,12 @@ MODES: dict[str, Mode] = {
             (REPLACE,),
         ),
         Mode(
+            "FABRIC_DEGRADED",
+            Severity.CRITICAL,
+            "low all-reduce bandwidth with every partner of the fabric check",
+            (REBOOT, REPLACE),
+        ),
+        Mode(
             "DISK_FULL", Severity.CRITICAL, "the node's disk is (nearly) full", (REIMAGE, REPLACE)
         ),
     )

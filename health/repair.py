@@ -1,7 +1,8 @@
 """Carrying out a repair (an Operation of kind REPAIR_NODE): drain the node, put a spare
 of its pool in its place (clusters/spares.py), requeue its jobs so they resume elsewhere
 from their checkpoints, run the action through the provider, and return the node to
-service (or to the spares) only once it passes its checks."""
+service (or to the spares) only once it passes its checks and the fabric check with its
+pool's idle nodes (MTC_FABRIC_CHECK_ON_REPAIR)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from jobs.models import Job, JobEvent
 from slurm import SlurmError
 
 from .choices import FailureState, RepairAction, RepairState
+from .fabric import fabric_check_after_repair
 from .models import NodeFailure, Repair
 from .policy import dcgm_level_for
 from .services import node_health_refresh, repair_plan, report_ingest
@@ -158,6 +160,11 @@ def repair_execute(operation: Operation) -> None:
         ok, problems = _checks_pass(node, provider, repair.action)
         if not ok:
             _repair_failed(repair, f"checks still fail after {repair.action}: {problems}")
+            return
+        operation_progress(operation, 90, f"Fabric check of {node.name}")
+        problems = fabric_check_after_repair(node, operation)
+        if problems:
+            _repair_failed(repair, f"after {repair.action}: {problems}")
             return
         node_return_to_service(node)
     _start_requeued_now(provider.slurm(cluster), [j["job_id"] for j in requeued])

@@ -306,3 +306,37 @@ def goodput(cluster_id: str = "", window: timedelta | None = None, *, now=None) 
         "jobs": len(jobs),
         "window_s": window.total_seconds(),
     }
+
+
+def node_fabric_result(node: Node, *, scan: int = 20) -> dict | None:
+    """The node's part of the latest fabric check it took part in (of the cluster's last
+    ``scan``): the check, its pairs with this node and their figures, and whether it was
+    found bad. None when no recent check had it."""
+    from .models import FabricCheck
+
+    for check in FabricCheck.objects.filter(cluster_id=node.cluster_id)[:scan]:
+        if node.name not in check.nodes:
+            continue
+        pairs = []
+        for index, planned in enumerate(check.passes):
+            for pair in planned:
+                if node.name not in pair:
+                    continue
+                found = next(
+                    (
+                        r
+                        for r in check.results
+                        if r.get("pass") == index and sorted(r["nodes"]) == sorted(pair)
+                    ),
+                    None,
+                )
+                pairs.append(
+                    {
+                        "pass": index + 1,
+                        "partner": next((n for n in pair if n != node.name), node.name),
+                        "bus_gbps": found.get("bus_gbps") if found else None,
+                        "latency_us": found.get("latency_us") if found else None,
+                    }
+                )
+        return {"check": check, "pairs": pairs, "bad": node.name in check.bad_nodes}
+    return None

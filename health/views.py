@@ -286,6 +286,7 @@ def node_detail(request, cluster_id: str, node_name: str):
         ],
         "suggested_action": suggested,
         "series": series,
+        "fabric": selectors.node_fabric_result(node),
         "report_count": len(reports),
         "has_speed": bool(series["speed"]["time"]),
         "has_gpus": bool(series["gpus"]),

@@ -346,6 +346,10 @@ MTC_ACCOUNTING_GRACE_S = float(os.environ.get("MTC_ACCOUNTING_GRACE_S", "600"))
 # Seconds to pause at each Operation step: slow motion for demos and for the test
 # that kills a worker in the middle of a create.
 MTC_OPERATION_STEP_DELAY = float(os.environ.get("MTC_OPERATION_STEP_DELAY", "0"))
+# The fabric check (health/fabric.py) before a new cluster takes work and after a repair
+# before the node is resumed: ~20 s on the local provider, so scripts/test.sh turns it off.
+MTC_FABRIC_CHECK_ON_CREATE = os.environ.get("MTC_FABRIC_CHECK_ON_CREATE", "1") == "1"
+MTC_FABRIC_CHECK_ON_REPAIR = os.environ.get("MTC_FABRIC_CHECK_ON_REPAIR", "1") == "1"
 
 # A cluster's TensorBoard (one process, reached through mtc) stops after this long idle.
 MTC_TENSORBOARD_IDLE_S = float(os.environ.get("MTC_TENSORBOARD_IDLE_S", "900"))

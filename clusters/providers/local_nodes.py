@@ -1,8 +1,9 @@
 """The local provider's node side of health: each emulated node's device shim and
 agent (a daemon that reports to the API with the node's own token, and Slurm's
-HealthCheckProgram), its checks on demand, and real faults (kill, disk, slow) as well
-as the emulated GPU faults the shim reports. ``hang`` stops one training rank on the node
-(SIGSTOP) until it is cleared (SIGCONT): its peers wait in their collective."""
+HealthCheckProgram), its checks on demand, and real faults (kill, disk, slow, straggle,
+fabric) as well as the emulated GPU faults the shim reports. ``hang`` stops one training
+rank on the node (SIGSTOP) until it is cleared (SIGCONT): its peers wait in their
+collective."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 
 from mtc.secretfile import private_append
+from node.fabric import MEASURING_COMM
 from node.shim import inject as shim_faults
 from node.shim.install import install as shim_install
 from slurm import config as slurm_config
@@ -32,7 +34,9 @@ AGENT_DIR = Path(__file__).resolve().parents[2] / "node" / "agent"
 # Slurm's HealthCheckProgram runs beside jobs: DCGM's quick level (health.policy's
 # table takes its "healthcheck" entry from here).
 HEALTHCHECK_DCGM_LEVEL = 1
-REAL_FAULTS = ("kill", "disk", "slow", "straggle", "hang")
+# straggle: the node's job processes throttled (the agent's checks pass, step times tell);
+# fabric: the node's fabric-check ranks throttled (slow collectives, the agent's checks pass).
+REAL_FAULTS = ("kill", "disk", "slow", "straggle", "hang", "fabric")
 FAULT_KINDS = (*REAL_FAULTS, *shim_faults.KINDS)
 # What survives which repair: GPU hardware faults go only with a new machine.
 HARDWARE_FAULTS = ("ecc", "sdc", "dcgm", "gpu-missing")
@@ -275,28 +279,9 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
             fill = node_dir / "scratch" / FILL_FILE
             with open(fill, "wb") as fh:  # a real (sparse) file as large as the scratch
                 fh.truncate(int(settings.MTC_LOCAL_SCRATCH_GB * 2**30))
-        elif kind in ("slow", "straggle"):
-            self._throttle_stop(cluster, node)
-            pidfile = self.root(cluster) / "run" / f"throttle-{node.name}.pid"
-            only_jobs = ["--jobs-only"] if kind == "straggle" else []
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(AGENT_DIR / "throttle.py"),
-                    "--node",
-                    node.name,
-                    "--pidfile",
-                    str(self.root(cluster) / "run" / f"slurmd-{node.name}.pid"),
-                    "--duty",
-                    str(params.get("duty", 0.75)),
-                    *only_jobs,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            pidfile.write_text(str(proc.pid))
+        elif kind in ("slow", "straggle", "fabric"):
+            duty = float(params.get("duty", 0.95 if kind == "fabric" else 0.75))
+            self._throttle_start(cluster, node, kind, duty)
         elif kind == "hang":
             self._hang_start(cluster, node, params.get("rank"))
         else:
@@ -310,12 +295,49 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
             self._throttle_stop(cluster, node)
         if kind in (None, "hang"):
             self._hang_stop(cluster, node)
+        if kind in (None, "fabric"):
+            self._throttle_stop(cluster, node, "fabric")
         if kind is None or kind in shim_faults.KINDS:
             if (node_dir / "faults.json").exists():
                 shim_faults.clear(node_dir, kind)
 
-    def _throttle_stop(self, cluster: Cluster, node: Node) -> None:
-        pidfile = self.root(cluster) / "run" / f"throttle-{node.name}.pid"
+    def _throttle_pidfile(self, cluster: Cluster, node: Node, kind: str) -> Path:
+        # slow and straggle share one: either replaces the other, a reboot ends both.
+        prefix = "throttle" if kind in ("slow", "straggle") else f"throttle-{kind}"
+        return self.root(cluster) / "run" / f"{prefix}-{node.name}.pid"
+
+    def _throttle_start(self, cluster: Cluster, node: Node, kind: str, duty: float) -> None:
+        """A duty cycle of stop/continue on the node's processes (slow), only on its job
+        processes (straggle), or only on its fabric-check ranks while they measure
+        (fabric: node/fabric.py names them so)."""
+        if not 0 < duty < 1:
+            raise ValueError("duty must be between 0 and 1")
+        self._throttle_stop(cluster, node, kind)
+        args = [
+            sys.executable,
+            str(AGENT_DIR / "throttle.py"),
+            "--node",
+            node.name,
+            "--pidfile",
+            str(self.root(cluster) / "run" / f"slurmd-{node.name}.pid"),
+            "--duty",
+            str(duty),
+        ]
+        if kind == "fabric":
+            args += ["--only-comm", MEASURING_COMM]
+        elif kind == "straggle":
+            args.append("--jobs-only")
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._throttle_pidfile(cluster, node, kind).write_text(str(proc.pid))
+
+    def _throttle_stop(self, cluster: Cluster, node: Node, kind: str = "slow") -> None:
+        pidfile = self._throttle_pidfile(cluster, node, kind)
         pid = procs.pid_from_file(pidfile)
         if pid and procs.is_running(pid):
             procs.stop([pid])

@@ -102,8 +102,8 @@ class NodeFaultsView(APIView):
         operation_id="health_fault_inject",
         request=FaultRequestSerializer,
         responses={202: FaultInjectedSerializer},
-        description='Operators only. Inject a fault: {"kind": "kill"|"disk"|"slow"|"hang"|'
-        '"ecc"|"xid"|"dcgm"|"sdc"|"gpu-missing", ...kind parameters}.',
+        description='Operators only. Inject a fault: {"kind": "kill"|"disk"|"slow"|"straggle"|'
+        '"hang"|"ecc"|"xid"|"dcgm"|"sdc"|"gpu-missing"|"fabric", ...kind parameters}.',
     )
     def post(self, request, cluster_id, node):
         node = _node(cluster_id, node)
@@ -160,6 +160,34 @@ class NodeRepairView(APIView):
                 code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
             ) from exc
         return Response(OperationSerializer(repair.operation).data, status=status.HTTP_202_ACCEPTED)
+
+
+class FabricCheckView(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(
+        operation_id="fabric_check_request",
+        request=None,
+        responses={202: OperationSerializer, **errors(409, 503)},
+        description="Operators only. Run the fabric check on the cluster's idle nodes: "
+        "all-reduce bus bandwidth over node pairs, in two passes. A node in failing pairs "
+        "in both passes gets FABRIC_DEGRADED; the Operation tracks the check.",
+    )
+    def post(self, request, cluster_id):
+        from clusters.models import Cluster
+        from mtc.queue import queue_require
+
+        from ..fabric import FabricCheckConflict, fabric_check_request
+
+        cluster = get_object_or_404(Cluster, cluster_id=cluster_id)
+        queue_require()
+        try:
+            operation = fabric_check_request(cluster=cluster, requested_by=request.user)
+        except FabricCheckConflict as exc:
+            raise ApiError(
+                code="FAILED_PRECONDITION", message=str(exc), status_code=status.HTTP_409_CONFLICT
+            ) from exc
+        return Response(OperationSerializer(operation).data, status=status.HTTP_202_ACCEPTED)
 
 
 class RepairApproveView(APIView):

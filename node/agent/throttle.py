@@ -5,6 +5,11 @@ processes (its slurmd, its job tasks and its agent) on a duty cycle. With --jobs
 speed and only the job's step times can tell. Stdlib only.
 
     python3 throttle.py --node NAME --pidfile SLURMD_PID_FILE [--duty 0.7] [--jobs-only]
+        [--only-comm NAME]
+
+With --jobs-only (the `straggle` fault) only the node's job processes are throttled; with
+--only-comm (the `fabric` fault) only the node's processes named NAME (/proc/PID/comm),
+the slurmd pid file's process excluded.
 """
 
 from __future__ import annotations
@@ -17,14 +22,14 @@ import time
 PERIOD_S = 0.2
 
 
-def node_pids(node: str, pidfile: str, *, jobs_only: bool = False) -> set[int]:
+def node_pids(node: str, pidfile: str, *, jobs_only: bool = False, only_comm: str = "") -> set[int]:
     """The node's slurmd and every process that says it runs on the node (of this
     cluster: its SLURM_CONF, next to the pid file's run/ directory, must match too);
     ``jobs_only``: only the processes of jobs on the node (SLURM_JOB_ID set, the node
     their SLURMD_NODENAME: job tasks and the batch script, not slurmd, slurmstepd, the
-    agent or the health check)."""
+    agent or the health check); ``only_comm``: only the processes of that name."""
     pids: set[int] = set()
-    if not jobs_only:
+    if not jobs_only and not only_comm:
         try:
             with open(pidfile) as fh:
                 pids.add(int(fh.read().strip()))
@@ -48,9 +53,19 @@ def node_pids(node: str, pidfile: str, *, jobs_only: bool = False) -> set[int]:
             continue
         if jobs_only and b"SLURM_JOB_ID=" not in environ:
             continue
+        if only_comm and _comm(entry) != only_comm:
+            continue
         if same_cluster in environ and any(needle in environ for needle in needles):
             pids.add(int(entry))
     return pids
+
+
+def _comm(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 def _signal(pids: set[int], sig: int) -> None:
@@ -67,6 +82,7 @@ def main() -> None:
     parser.add_argument("--pidfile", required=True)
     parser.add_argument("--duty", type=float, default=0.7, help="share of time stopped")
     parser.add_argument("--jobs-only", action="store_true", help="only the node's job processes")
+    parser.add_argument("--only-comm", default="", help="only processes of this name")
     args = parser.parse_args()
     running = True
 
@@ -81,7 +97,9 @@ def main() -> None:
     try:
         while running:
             if time.monotonic() - scanned > PERIOD_S:  # new processes (a check) get caught at once
-                pids = node_pids(args.node, args.pidfile, jobs_only=args.jobs_only)
+                pids = node_pids(
+                    args.node, args.pidfile, jobs_only=args.jobs_only, only_comm=args.only_comm
+                )
                 scanned = time.monotonic()
             _signal(pids, signal.SIGSTOP)
             time.sleep(PERIOD_S * args.duty)
