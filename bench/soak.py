@@ -51,7 +51,7 @@ from jobs.models import Job, JobMetric  # noqa: E402
 from jobs.services import job_control, jobs_release_requeued  # noqa: E402
 from jobs.sync import jobs_sync  # noqa: E402
 from recipes.launch import recipe_launch  # noqa: E402
-from recipes.metrics import recipe_jobs_ingest  # noqa: E402
+from recipes.tasks import recipe_round  # noqa: E402
 
 TICK_S, AGENT_EVERY_S = 2.0, 10.0
 CLUSTER_ID = "soak"
@@ -80,7 +80,7 @@ class ControlPlane:
 
     def tick(self) -> None:
         jobs_sync(cluster=self.cluster)
-        recipe_jobs_ingest(self.cluster)
+        recipe_round(self.cluster)  # metrics, stragglers, hangs
         jobs_release_requeued(cluster=self.cluster)
         if time.monotonic() - self.last_agents >= AGENT_EVERY_S:
             self.last_agents = time.monotonic()
