@@ -51,7 +51,14 @@ def _timed(op, count: int, sync) -> float:
     return time.perf_counter() - start
 
 
-def measure(size_bytes: int, iters: int, warmup: int, latency_iters: int, rounds: int = 3) -> dict:
+def measure(
+    size_bytes: int,
+    iters: int,
+    warmup: int,
+    latency_iters: int,
+    rounds: int = 3,
+    warmup_s: float = 1.0,
+) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -72,8 +79,16 @@ def measure(size_bytes: int, iters: int, warmup: int, latency_iters: int, rounds
         _name_process(MEASURING_COMM)
         big = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
         small = torch.ones(1, dtype=torch.float32, device=device)
-        for _ in range(warmup):
+        # Warm up for a count and a time: links (and, on emulated nodes, the `fabric`
+        # fault's throttle, which finds the ranks by name) settle before the rounds.
+        # Rank 0's clock decides for all, so every rank runs the same collectives.
+        started, more = time.monotonic(), torch.ones(1, device=device)
+        done = 0
+        while more.item() > 0:
             dist.all_reduce(big)
+            done += 1
+            more.fill_(float(done < warmup or time.monotonic() - started < warmup_s))
+            dist.broadcast(more, src=0)
         # Both ranks wait for the slower one: its time is the pair's; each rank's best round.
         elapsed = min(_timed(lambda: dist.all_reduce(big), iters, sync) for _ in range(rounds))
         latency = min(
@@ -106,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size-mb", type=float, default=0, help="0: 256 on GPUs, 8 on CPUs")
     parser.add_argument("--iters", type=int, default=10, help="all-reduces a round")
     parser.add_argument("--rounds", type=int, default=3, help="the best round counts")
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3, help="all-reduces before the rounds")
+    parser.add_argument("--warmup-s", type=float, default=1.0, help="and seconds, at least")
     parser.add_argument("--latency-iters", type=int, default=20)
     parser.add_argument("--label", default="", help="copied into the result (pass/pair)")
     args = parser.parse_args(argv)
@@ -115,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
 
     size_mb = args.size_mb or (256 if torch.cuda.is_available() else 8)
     result = measure(
-        int(size_mb * 2**20) // 4 * 4, args.iters, args.warmup, args.latency_iters, args.rounds
+        int(size_mb * 2**20) // 4 * 4,
+        args.iters,
+        args.warmup,
+        args.latency_iters,
+        args.rounds,
+        args.warmup_s,
     )
     if result.pop("rank") == 0:
         result["label"] = args.label

@@ -42,6 +42,7 @@ PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)
 PG_DIR="$TEST_TMP/pg"
 PG_STARTED=""
 IMAGE_PID=""
+PG_PID=""
 # initdb's superuser: the account its commands run as, so peer auth lets them in.
 PG_SUPER=postgres
 ((EUID == 0)) || PG_SUPER=$(id -un)
@@ -76,7 +77,8 @@ synchronous_commit = off
 full_page_writes = off
 EOF
   PG_STARTED=1
-  as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -s start || {
+  # At a lower priority, like the pass that uses it (it may run beside the SQLite pass).
+  as_pg nice -n 15 "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -s start || {
     cat "$PG_DIR/server.log" >&2; return 1; }
   # The role may create databases: pytest-django makes test_mtc beside mtc.
   as_pg "$PG_BIN/psql" -h "$PG_DIR" -p "$port" -U "$PG_SUPER" -d postgres -q -v ON_ERROR_STOP=1 \
@@ -94,6 +96,7 @@ cleanup() {
   kill "$REDIS_PID" 2>/dev/null
   # An interrupted run: the image tests' pytest (its fixture unmounts the chroot).
   [[ -n ${IMAGE_PID:-} ]] && kill "$IMAGE_PID" 2>/dev/null && wait "$IMAGE_PID"
+  [[ -n ${PG_PID:-} ]] && pkill -P "$PG_PID" 2>/dev/null && wait "$PG_PID"
   [[ -n $ACCT_STARTED ]] && $PY -m mtc.accounting stop "$ACCT_DIR"
   [[ -n $PG_STARTED ]] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" stop -m fast -s
   # Slurm daemons and job steps the tests started all mention the data dir.
@@ -137,13 +140,46 @@ if [[ ,$PASSES, == *,sqlite,* && ${MTC_TEST_ACCOUNTING:-1} != 0 ]]; then
     echo "test: accounting did not start (MTC_TEST_ACCOUNTING=0 runs without it)"; exit 1; }
   export MTC_SLURMDBD_PORT MTC_ACCOUNTING_DIR=$ACCT_DIR
 fi
+# The PostgreSQL pass: only the tests that use the database (tests/conftest.py); Slurm
+# and browser tests run in the SQLite pass. A -m in the arguments comes later and
+# replaces this one. Its own data dir too (homes and cluster dirs of the first pass
+# belong to its accounts) and its own Redis database (the polls' overlap locks are
+# Redis keys: the passes may run side by side).
+pg_pass() {
+  mkdir -p "$TEST_TMP/data-pg"
+  DATABASE_URL=$PG_URL MTC_TEST_DB_ONLY=1 MTC_UID_RANGE=$PG_UID_RANGE \
+    MTC_DATA_DIR="$TEST_TMP/data-pg" REDIS_URL="${REDIS_URL%/*}/1" \
+    $PY -m pytest -m "not slurm and not browser" "$@"
+}
+pg_rc_merge() {
+  if (($1 == 5)); then
+    echo "test: none of these tests use the database"  # nothing to repeat on PostgreSQL
+  elif (($1 != 0 && rc == 0)); then
+    rc=$1
+  fi
+}
+if [[ ,$PASSES, == *,postgres,* ]]; then
+  PG_URL=""
+  if ! pg_start; then
+    echo "test: the private PostgreSQL did not start"
+    exit 1
+  fi
+fi
 if [[ ,$PASSES, == *,sqlite,* ]]; then
-  echo "== pytest (SQLite)"
   if (($# == 0)); then
-    # The node image's chroot tests (marker image: apt and pip in a Debian 12 chroot,
-    # minutes mostly spent waiting on downloads and disk) run beside the rest.
-    $PY -m pytest -q -m image tests/test_gce_image.py >"$TEST_TMP/image-tests.log" 2>&1 &
+    # A whole run: the node image's chroot tests (marker image: apt and pip in a Debian
+    # 12 chroot, minutes mostly spent waiting on downloads and disk) and the PostgreSQL
+    # pass (CPU-bound, no Slurm) run beside the SQLite pass, at a lower priority: the
+    # SQLite pass's Slurm tests spend much of their time waiting, and its timing-
+    # sensitive tests (stragglers, fabric, speed checks) keep the CPU when they need it.
+    nice -n 10 $PY -m pytest -q -m image tests/test_gce_image.py >"$TEST_TMP/image-tests.log" 2>&1 &
     IMAGE_PID=$!
+    if [[ ,$PASSES, == *,postgres,* ]]; then
+      (renice -n 15 -p $BASHPID >/dev/null; pg_pass -q -p no:cacheprovider) \
+        >"$TEST_TMP/pg-tests.log" 2>&1 &
+      PG_PID=$!
+    fi
+    echo "== pytest (SQLite)"
     $PY -m pytest -m "not image" || rc=$?
     wait "$IMAGE_PID"
     image_rc=$?
@@ -151,29 +187,23 @@ if [[ ,$PASSES, == *,sqlite,* ]]; then
     echo "== pytest -m image (beside the SQLite pass)"
     cat "$TEST_TMP/image-tests.log"
     if ((image_rc != 0 && image_rc != 5 && rc == 0)); then rc=$image_rc; fi
+    if [[ -n ${PG_PID:-} ]]; then
+      wait "$PG_PID"
+      pg_rc=$?
+      PG_PID=""
+      echo "== pytest (PostgreSQL, beside the SQLite pass)"
+      cat "$TEST_TMP/pg-tests.log"
+      pg_rc_merge "$pg_rc"
+      exit $rc
+    fi
   else
+    echo "== pytest (SQLite)"
     $PY -m pytest "$@" || rc=$?
   fi
 fi
 if [[ ,$PASSES, == *,postgres,* ]]; then
   echo "== pytest (PostgreSQL)"
-  PG_URL=""
-  if ! pg_start; then
-    echo "test: the private PostgreSQL did not start"
-    exit 1
-  fi
-  # Only the tests that use the database (tests/conftest.py); Slurm and browser tests
-  # ran in the SQLite pass. A -m in the arguments comes later and replaces this one.
-  # Its own data dir too: homes and cluster dirs of the first pass belong to its accounts.
-  mkdir -p "$TEST_TMP/data-pg"
-  DATABASE_URL=$PG_URL MTC_TEST_DB_ONLY=1 MTC_UID_RANGE=$PG_UID_RANGE \
-    MTC_DATA_DIR="$TEST_TMP/data-pg" \
-    $PY -m pytest -m "not slurm and not browser" "$@"
-  pg_rc=$?
-  if ((pg_rc == 5)); then
-    echo "test: none of these tests use the database"  # nothing to repeat on PostgreSQL
-  elif ((pg_rc != 0 && rc == 0)); then
-    rc=$pg_rc
-  fi
+  pg_pass "$@"
+  pg_rc_merge $?
 fi
 exit $rc
