@@ -23,6 +23,7 @@ Hangs before a run's first step (its setup) are not judged: setup time has no me
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import statistics
@@ -41,8 +42,11 @@ from health.services import failures_update
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent, JobHang, JobMetric
 from jobs.selectors import job_output_path
+from node.train.config import SAVING_EVENT
 from node.train.stacks import STACKS_SIGNAL, stacks_path
 from slurm import SlurmError
+
+from .memory import signal_lead
 
 log = logging.getLogger(__name__)
 HANG_FACTOR = 5
@@ -154,7 +158,43 @@ def hang_due(job: Job, *, now: datetime | None = None) -> tuple[JobMetric, datet
     threshold = hang_threshold_s(times, settings.MTC_HANG_FLOOR_S)
     if (now - since).total_seconds() < threshold:
         return None
+    run_dir = Path(job.checkpoint_dir).parent
+    if saving_announced(run_dir / "metrics.jsonl"):
+        # A synchronous save (the last or a stop's) writes no line until it is done: it
+        # gets the time Slurm's stop signal gives a save (recipes/memory.py).
+        threshold = max(threshold, float(_save_allowance_s(job, run_dir)))
+        if (now - since).total_seconds() < threshold:
+            return None
     return last, since, threshold
+
+
+def saving_announced(metrics_file: Path) -> bool:
+    """Whether the run's last line says a synchronous checkpoint save has begun."""
+    try:
+        with open(metrics_file, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 4096))
+            tail = fh.read().splitlines()
+    except OSError:
+        return False
+    try:
+        return bool(tail) and json.loads(tail[-1]).get("event") == SAVING_EVENT
+    except (ValueError, AttributeError):
+        return False
+
+
+def _save_allowance_s(job: Job, run_dir: Path) -> int:
+    try:
+        config = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if not isinstance(config, dict):
+        config = {}
+    return signal_lead(
+        family=str(config.get("family") or "llama"),
+        model=str(config.get("model") or ""),
+        nodes=job.nodes,
+    )
 
 
 def _sizes(paths: list[Path]) -> list[int]:

@@ -23,6 +23,7 @@ from recipes.hang import (
     hung_rank,
     in_collective,
 )
+from recipes.memory import signal_lead
 
 from .conftest import make_spec
 from .waiting import wait_until
@@ -176,3 +177,27 @@ def test_signal_and_exclude_take_only_whole_ids_names_and_signals(tmp_path):
         with pytest.raises(SlurmError) as refused:
             call()
         assert refused.value.permanent
+
+
+def test_an_announced_synchronous_save_gets_the_stop_signals_lead(running_job):
+    """No line comes while the last checkpoint is written: a save announced in
+    metrics.jsonl is judged against the time Slurm's stop signal gives a save."""
+    now = timezone.now()
+    steps(running_job, now - timedelta(seconds=120), step_time=1)
+    run_dir = Path(running_job.checkpoint_dir).parent
+    (run_dir / "run.json").write_text(json.dumps({"model": "llama3-8b", "family": "llama"}))
+    metrics = run_dir / "metrics.jsonl"
+    with metrics.open("a") as fh:
+        fh.write(json.dumps({"event": "checkpoint_saving", "step": 10}) + "\n")
+    stamp = (now - timedelta(seconds=120)).timestamp()
+    os.utime(metrics, (stamp, stamp))
+    lead = signal_lead(family="llama", model="llama3-8b", nodes=1)
+    assert lead >= 300
+    assert hang_due(running_job, now=now) is None  # 120 s into an 8B save: not hung
+    last, since, threshold = hang_due(running_job, now=now + timedelta(seconds=lead))
+    assert threshold == lead
+    # A line after the save ends the allowance.
+    with metrics.open("a") as fh:
+        fh.write(json.dumps({"event": "checkpoint", "step": 10}) + "\n")
+    os.utime(metrics, (stamp, stamp))
+    assert hang_due(running_job, now=now)[2] == 60  # the floor again

@@ -106,7 +106,8 @@ def test_pretrain_learns_checkpoints_and_metrics(pretrain_run):
     assert steps[60]["lr"] == pytest.approx(0.0003, rel=1e-6)
 
     kinds = [e["event"] for e in events]
-    assert kinds == ["start", "checkpoint", "checkpoint", "checkpoint", "done"]
+    # The last save is synchronous and announced first (the hang detector waits for it).
+    assert kinds == ["start", "checkpoint", "checkpoint", "checkpoint_saving", "checkpoint", "done"]
     assert [e["step"] for e in events if e["event"] == "checkpoint"] == [20, 40, 60]
     # Interval checkpoints are written in the background: step 21 trained meanwhile,
     # and the checkpoint was marked complete only after that. The last one is synchronous.

@@ -22,6 +22,8 @@ SCHEDULES = ("cosine", "linear", "constant")
 # straggler (recipes/straggler.py): the slow node would take longer to save it than
 # the steps since the last checkpoint take to train again.
 STOP_NOW_FILE = "stop-now"
+# metrics.jsonl's event before a synchronous checkpoint save (recipes/hang.py reads it).
+SAVING_EVENT = "checkpoint_saving"
 
 
 class ConfigError(ValueError):

@@ -29,7 +29,7 @@ from .checkpoint import (
     checkpoint_save,
     checkpoint_save_async,
 )
-from .config import STOP_NOW_FILE, ConfigError, RunConfig, load_config
+from .config import SAVING_EVENT, STOP_NOW_FILE, ConfigError, RunConfig, load_config
 from .corpus import CorpusError
 from .distributed import Dist, dist_close, dist_init
 from .metrics import MetricsLogger, peak_flops, progress_line
@@ -198,6 +198,8 @@ def _loop(
         if stop or step == cfg.steps:
             # The job ends after this one: wait for one in flight, then save in the open.
             pending = _finish(d, pending, metrics)
+            # No line until it is written: the hang detector gives an announced save longer.
+            metrics.event(SAVING_EVENT, step)
             t0 = time.time()
             path = checkpoint_save(step=step, **save)
             seconds = time.time() - t0
