@@ -323,7 +323,7 @@ MTC_RETENTION_RUN_S = float(os.environ.get("MTC_RETENTION_RUN_S", "20"))
 
 # A running recipe job with no new step for max(5 x its median step time, this) is hung
 # (recipes/hang.py).
-MTC_HANG_FLOOR_S = float(os.environ.get("MTC_HANG_FLOOR_S", "45"))
+MTC_HANG_FLOOR_S = float(os.environ.get("MTC_HANG_FLOOR_S", "60"))
 
 # Local provider limits (one host runs every node's slurmd).
 MTC_LOCAL_MAX_NODES_PER_CLUSTER = int(os.environ.get("MTC_LOCAL_MAX_NODES", "64"))

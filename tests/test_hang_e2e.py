@@ -25,7 +25,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
 @pytest.fixture
 def cluster(local_clusters, settings):
     settings.MTC_IDENTITY = "local"
-    settings.MTC_HANG_FLOOR_S = 6  # the default floor is 45 s
+    settings.MTC_HANG_FLOOR_S = 6  # the default floor is 60 s
     cluster_services.cluster_create(spec=make_spec("hx", nodes=3))
     return Cluster.objects.get(cluster_id="hx")
 
