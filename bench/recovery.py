@@ -22,7 +22,9 @@ stacks' few seconds; `--hang-floor` sets a lower floor for this run.
 
 The control plane's loops run in this process at their production cadence: the
 poller every 2 s (jobs, metrics, controller-side health), the node agents every 2 s
-(their checks, run on demand here so the figures do not wait on a timer).
+(their checks, run on demand here so the figures do not wait on a timer), and the
+operations (repairs, with their reboot and fabric check) on a thread of their own, as
+the operations queue's worker runs them beside the poller (bench/operations_worker.py).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import django  # noqa: E402
 
 django.setup()
 
+import operations_worker  # noqa: E402  (bench/, beside this script)
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
@@ -68,6 +71,7 @@ from recipes.launch import recipe_launch  # noqa: E402
 from recipes.tasks import recipe_round  # noqa: E402
 
 TICK_S = 2.0
+WORKER: operations_worker.OperationsWorker | None = None
 # How each kind's requeue is recorded on the job (its JobEvent's cause).
 REQUEUE_CAUSE = {"straggle": "interrupted: straggler", "hang": "interrupted: hung"}
 
@@ -88,9 +92,8 @@ def tick(cluster, *, agents_on: list[str]) -> None:
 
 class RunningWatch(threading.Thread):
     """Slurm's own view, polled beside the control plane's loop: when the requeued job is
-    RUNNING again, and on how many nodes. (Here the repair runs inline in the loop's poll,
-    as an eager task, so the loop itself sees the job only after the whole repair; with
-    workers the poller goes on meanwhile.) Only squeue: no database from this thread."""
+    RUNNING again, and on how many nodes, at squeue's 0.1 s grain rather than the loop's.
+    Only squeue: no database from this thread."""
 
     def __init__(self, cluster, job_id: str):
         super().__init__(daemon=True)
@@ -185,6 +188,10 @@ def one_run(cluster, owner, kind: str) -> dict:
         time.sleep(0.2 if running_again else TICK_S / 4)
     watch.done.set()
     watch.join(timeout=5)
+    if WORKER is not None:  # the run's repair finishes before the next run's fault
+        waited = time.monotonic() + 300
+        while not WORKER.idle() and time.monotonic() < waited:
+            time.sleep(0.5)
     failure = (
         NodeFailure.objects.filter(node=victim, first_seen__gte=since)
         .order_by("first_seen")
@@ -286,6 +293,8 @@ def main() -> None:
         spec["node_pools"][1]["spare_node_count"] = 1
         cluster_services.cluster_create(spec=spec, owner=owner)
         clusters["spare"] = Cluster.objects.get(cluster_id="spares")
+    global WORKER
+    WORKER = operations_worker.start()
     columns = (
         "kind",
         "node",

@@ -9,7 +9,8 @@ wall time from the first training step to the end.
         [--kinds kill,disk,slow,straggle,hang,ecc] [--seed 1]
 
 Kinds the local provider does not know are left out (and said so). The control plane's
-loops run in this process: the poller every 2 s, every node's agent every 10 s.
+loops run in this process: the poller every 2 s, every node's agent every 10 s, and the
+operations (repairs) on a thread of their own (bench/operations_worker.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import django  # noqa: E402
 
 django.setup()
 
+import operations_worker  # noqa: E402  (bench/, beside this script)
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
@@ -123,6 +125,7 @@ def main() -> None:
         cluster_services.cluster_create(spec=soak_spec(spares=0), owner=owner)
         spares = 0
     cluster = Cluster.objects.get(cluster_id=CLUSTER_ID)
+    operations_worker.start()  # repairs beside the poller, as the operations queue runs them
     plane = ControlPlane(cluster)
     print(
         f"pool of 4 nodes, {spares} spare; faults from {', '.join(kinds)} every "

@@ -62,6 +62,13 @@ def test_delete_ends_only_what_the_cluster_owns(local_clusters, operator_api, ot
     job_id = job.json()["job_id"]
     _poll(lambda: _job_task_pids(job_id), "the job's script to run")
     job_pids = _job_task_pids(job_id)
+    # The fabric fault's throttle outlives reboots, not the cluster.
+    fault = operator_api.post(
+        "/api/v1/clusters/own1/nodes/own1-gpu-0/faults", {"kind": "fabric"}, format="json"
+    )
+    assert fault.status_code == 202, fault.content
+    throttle = procs.pid_from_file(root / "run" / "throttle-fabric-own1-gpu-0.pid")
+    assert throttle and procs.is_running(throttle)
 
     # Another user's shell: SLURM_CONF in its environment, the cluster dir on its command line.
     shell = subprocess.Popen(
@@ -88,6 +95,7 @@ def test_delete_ends_only_what_the_cluster_owns(local_clusters, operator_api, ot
         assert not root.exists()
         assert [p for p in daemons if procs.is_running(p)] == []
         assert [p for p in job_pids if procs.is_running(p)] == []
+        assert not procs.is_running(throttle)
         assert _job_task_pids(job_id) == []
         assert shell.poll() is None and procs.is_running(shell.pid)  # the user's shell lives
         assert shell.pid in procs.processes_mentioning(str(root))

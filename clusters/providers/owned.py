@@ -130,4 +130,9 @@ def cluster_owned(root: Path) -> set[int]:
         ]
     for name in sorted(set(names)):
         pids |= node_owned(root, name)
+        # The `fabric` fault's throttle outlives a node's reboot (a bad link stays bad),
+        # so node_owned leaves it; it ends with the cluster.
+        slurmd_pidfile = str(run / f"slurmd-{name}.pid")
+        pids.add(_checked(run / f"throttle-fabric-{name}.pid", "throttle.py", slurmd_pidfile))
+    pids.discard(None)
     return pids
