@@ -49,7 +49,7 @@ from health.models import NodeFailure  # noqa: E402
 from health.poll import cluster_health_poll  # noqa: E402
 from health.selectors import goodput  # noqa: E402
 from health.services import report_ingest  # noqa: E402
-from jobs.models import Job, JobMetric  # noqa: E402
+from jobs.models import Job, JobEvent, JobMetric  # noqa: E402
 from jobs.services import job_control, jobs_release_requeued  # noqa: E402
 from jobs.sync import jobs_sync  # noqa: E402
 from recipes.launch import recipe_launch  # noqa: E402
@@ -206,10 +206,24 @@ def watch(fault: dict, job: Job) -> None:
                 failure.mode,
             )
     current = Job.objects.get(pk=job.pk)
-    if current.state != "RUNNING":
+    # A requeue onto a spare can be back to RUNNING between two looks: the job's own
+    # record says it was interrupted, and a start after that is its running again.
+    interrupted = (
+        JobEvent.objects.filter(job=job, time__gte=since, cause__startswith="interrupted")
+        .order_by("time")
+        .first()
+    )
+    if current.state != "RUNNING" or interrupted is not None:
         fault["left_running"] = True
-    elif fault["left_running"] and fault["running"] is None:
-        fault["running"] = time.time() - fault["t"]
+    if (
+        fault["left_running"]
+        and fault["running"] is None
+        and current.state == "RUNNING"
+        and current.start_time is not None
+        and (interrupted is None or current.start_time >= interrupted.time)
+        and current.start_time.timestamp() >= fault["t"]
+    ):
+        fault["running"] = current.start_time.timestamp() - fault["t"]
     if fault["running"] is not None and fault["first_step"] is None:
         after = datetime.fromtimestamp(fault["t"] + fault["running"], tz=UTC)
         if JobMetric.objects.filter(job=job, time__gt=after).exists():
