@@ -262,10 +262,13 @@ class LocalProvider(LocalNodes, Provider):
             log.warning("registering %s with slurmdbd failed: %s", cluster.cluster_id, exc)
 
     def _start_slurmctld(self, cluster: Cluster) -> None:
-        self._accounting_register(cluster)
+        """Started, not yet answering: its slurmdbd registration takes most of a second,
+        and the slurmds may start meanwhile (each one's first health check is the slow
+        part of its start; it registers once the controller answers)."""
         self._spawn(cluster, ["slurmctld", "-f", str(self.conf_path(cluster))])
-        client = self.slurm(cluster)
-        self._wait(client.ping, 20, "slurmctld did not answer")
+
+    def _slurmctld_wait(self, cluster: Cluster) -> None:
+        self._wait(self.slurm(cluster).ping, 20, "slurmctld did not answer")
 
     def _stop_pid(self, pid: int | None) -> None:
         if pid and procs.stop([pid]):
@@ -372,17 +375,22 @@ class LocalProvider(LocalNodes, Provider):
                 (self.node_dir(cluster, node.name) / sub).mkdir(parents=True, exist_ok=True)
             if not (self.node_dir(cluster, node.name) / "agent.json").exists():
                 fresh.append(node)
-        # New nodes' files (shim, agent config) side by side; their tokens after, on
-        # this thread: the database connection is this thread's.
-        with ThreadPoolExecutor(max_workers=NODE_STARTS_AT_ONCE) as pool:
-            list(pool.map(lambda n: self.node_setup(cluster, n, token=False), fresh))
-        for node in fresh:
-            self.agent_token_write(cluster, node)
-        self._protect(root, nodes)
         self._ensure_munged(cluster)
         self.health_check_write(cluster)  # slurm.conf names it; slurmd runs it at start
         changed = self._render(cluster, nodes)
         ctld = self._slurmctld_pid(cluster)
+        with ThreadPoolExecutor(max_workers=NODE_STARTS_AT_ONCE) as pool:
+            # slurmdbd must know the cluster before its controller starts: sacctmgr
+            # (a few hundred ms of table creation) runs while the nodes' files are written.
+            registered = pool.submit(self._accounting_register, cluster) if not ctld else None
+            # New nodes' files (shim, agent config) side by side; their tokens after, on
+            # this thread: the database connection is this thread's.
+            list(pool.map(lambda n: self.node_setup(cluster, n, token=False), fresh))
+            if registered is not None:
+                registered.result()
+        for node in fresh:
+            self.agent_token_write(cluster, node)
+        self._protect(root, nodes)
         running_slurmds = [n for n in nodes if self._slurmd_pid(cluster, n.name)]
         if ctld and changed:
             # Adding or removing nodes needs a controller restart in Slurm 22.05;
@@ -392,11 +400,8 @@ class LocalProvider(LocalNodes, Provider):
         if not ctld:
             self._start_slurmctld(cluster)
             if changed and running_slurmds:
+                self._slurmctld_wait(cluster)
                 self.slurm(cluster).reconfigure()  # running slurmds re-read the config
-        if changed:
-            self._stop_slurmrestd(cluster)  # it reads slurm.conf once, at start
-        if not self._slurmrestd_pid(cluster):
-            self._start_slurmrestd(cluster)
 
         def start(node: Node) -> None:
             if not self._slurmd_pid(cluster, node.name):
@@ -407,6 +412,11 @@ class LocalProvider(LocalNodes, Provider):
         # processes: the agents below write their tokens through the database.)
         with ThreadPoolExecutor(max_workers=NODE_STARTS_AT_ONCE) as pool:
             list(pool.map(start, nodes))
+        self._slurmctld_wait(cluster)
+        if changed:
+            self._stop_slurmrestd(cluster)  # it reads slurm.conf once, at start
+        if not self._slurmrestd_pid(cluster):
+            self._start_slurmrestd(cluster)  # it answers once the controller does
 
     def nodes_ready(self, cluster: Cluster, nodes: list[Node]) -> None:
         # The agents' first rounds (the speed check's matmul among them) start once the
