@@ -4,9 +4,12 @@ unit (deploy/mtc-web.service) both start `gunicorn -c python:mtc.gunicorn_conf`.
 MTC_BIND         where to listen (default 127.0.0.1:$MTC_PORT: the TLS proxy is in front)
 MTC_WEB_WORKERS  processes (default: one per core)
 MTC_WEB_THREADS  threads per process (default 6)
+MTC_WEB_KEEPALIVE_REQUESTS  requests on one kept-alive connection before it is closed
+                 (default 1000; 0: no limit)
 """
 
 import gc
+import multiprocessing
 import os
 
 bind = os.environ.get("MTC_BIND", f"127.0.0.1:{os.environ.get('MTC_PORT', '8000')}")
@@ -21,9 +24,20 @@ bind = os.environ.get("MTC_BIND", f"127.0.0.1:{os.environ.get('MTC_PORT', '8000'
 worker_class = "gthread"
 workers = int(os.environ.get("MTC_WEB_WORKERS") or os.cpu_count() or 2)
 threads = int(os.environ.get("MTC_WEB_THREADS", "6"))
-# A kept-alive connection stays with the process that accepted it (bench/load.py saw
-# 40 of 50 on one of two): a short keepalive lets busy clients spread out again.
-keepalive = 5  # seconds
+# A kept-alive connection stays with the process that accepted it, and a busy client
+# never idles out: bench/load.py saw 35 to 40 of 50 clients on one of two processes, whose
+# clients waited twice as long, and a process that is busy wins most accepts (its main
+# thread is awake when a client connects). So each process publishes how many
+# connections it holds (a shared array, one slot a process), and one holding more than
+# its share closes a connection after its response ("Connection: close"); the client
+# reconnects (well under a millisecond on a local or the proxy's connection) and lands
+# anywhere, until the shares even out. Like nginx's keepalive_requests, a connection
+# is also closed after KEEPALIVE_REQUESTS requests.
+keepalive = 5  # seconds an idle kept-alive connection stays open
+KEEPALIVE_REQUESTS = int(os.environ.get("MTC_WEB_KEEPALIVE_REQUESTS", "1000"))
+_SLOTS = 64  # processes at most; a process beyond them is not balanced
+# Created here, in the master, so every forked worker shares it: (pid, connections).
+_held = multiprocessing.Array("q", 2 * _SLOTS)
 timeout = 60  # a worker whose main loop stalls this long is replaced
 graceful_timeout = 10  # on SIGTERM, requests in flight get this long to finish
 # The app (Django, DRF, every view) is loaded once, in the master: a worker is a fork
@@ -43,6 +57,39 @@ access_log_format = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"
 errorlog = "-"
 loglevel = os.environ.get("MTC_LOG_LEVEL", "info").lower()
 proc_name = "mtc-web"
+
+
+def post_worker_init(worker):
+    with _held.get_lock():
+        for slot in range(_SLOTS):
+            if _held[2 * slot] == 0:
+                _held[2 * slot], _held[2 * slot + 1] = worker.pid, 0
+                worker.mtc_slot = slot
+                return
+
+
+def child_exit(server, worker):  # in the master (which never saw the slot): free it
+    with _held.get_lock():
+        for slot in range(_SLOTS):
+            if _held[2 * slot] == worker.pid:
+                _held[2 * slot], _held[2 * slot + 1] = 0, 0
+
+
+def more_than_its_share(worker) -> bool:
+    """Whether this process holds over one connection more than the processes' mean."""
+    held = getattr(worker, "nr_conns", None)  # gthread's count (a sync worker has none)
+    slot = getattr(worker, "mtc_slot", None)
+    if held is None or slot is None:
+        return False
+    _held[2 * slot + 1] = held
+    counts = [_held[2 * s + 1] for s in range(_SLOTS) if _held[2 * s]]
+    return held > sum(counts) / len(counts) + 1
+
+
+def pre_request(worker, req):
+    worker.log.debug("%s %s", req.method, req.path)  # gunicorn's own hook does this
+    if (KEEPALIVE_REQUESTS and req.req_number >= KEEPALIVE_REQUESTS) or more_than_its_share(worker):
+        req.must_close = True  # the response says "Connection: close"
 
 
 def when_ready(server):

@@ -3,7 +3,9 @@ serving pages and static files, and Celery's two queues (polls, operations)."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import pytest
 from celery._state import _task_stack
 from django.conf import settings
 
+from mtc import gunicorn_conf
 from mtc.celery import app
 from mtc.devstack import BASE_DIR, Stack, free_port
 
@@ -76,13 +79,55 @@ def test_production_needs_allowed_hosts(tmp_path):
 
 def test_gunicorn_serves_pages_and_static_files(tmp_path):
     port = free_port()
-    with Stack(tmp_path, env={"MTC_CELERY_EAGER": "1"}) as stack:
+    env = {"MTC_CELERY_EAGER": "1", "MTC_WEB_KEEPALIVE_REQUESTS": "3"}
+    with Stack(tmp_path, env=env) as stack:
         proc = stack.start_web(port)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
             assert r.read() == b"ok" and r.headers["Server"].startswith("gunicorn")
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/static/mtc.css", timeout=5) as r:
             assert r.status == 200 and "max-age" in r.headers["Cache-Control"]  # WhiteNoise
+        # One kept-alive connection carries MTC_WEB_KEEPALIVE_REQUESTS requests, then the
+        # server closes it (and the client reconnects on its own).
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        said = []
+        for _ in range(4):
+            connection.request("GET", "/healthz")
+            response = connection.getresponse()
+            assert response.read() == b"ok"
+            said.append((response.getheader("Connection") or "keep-alive").lower())
+        connection.close()
+        assert said == ["keep-alive", "keep-alive", "close", "keep-alive"]
     assert proc.poll() is not None  # the stack stopped it
+
+
+class FakeWorker:
+    def __init__(self, pid: int, connections: int) -> None:
+        self.pid, self.nr_conns = pid, connections
+        self.log = logging.getLogger("fake-worker")
+
+
+class FakeRequest:
+    method, path, req_number, must_close = "GET", "/healthz", 2, False
+
+
+def test_a_web_process_holding_more_than_its_share_of_connections_closes_one():
+    busy, light = FakeWorker(990001, 9), FakeWorker(990002, 3)
+    for worker in (busy, light):
+        gunicorn_conf.post_worker_init(worker)
+    try:
+        busy_request, light_request = FakeRequest(), FakeRequest()
+        gunicorn_conf.pre_request(busy, busy_request)
+        gunicorn_conf.pre_request(light, light_request)
+        assert not light_request.must_close  # 3 of 12: under its share of 6
+        assert busy_request.must_close  # 9 of 12: its client reconnects, maybe elsewhere
+        busy.nr_conns = 5  # within one of the mean (4): it keeps its connections
+        even = FakeRequest()
+        gunicorn_conf.pre_request(busy, even)
+        assert not even.must_close
+    finally:
+        for worker in (busy, light):
+            gunicorn_conf.child_exit(None, worker)
+    assert not {busy.pid, light.pid} & set(gunicorn_conf._held[0::2])  # slots freed
 
 
 def _queue(name: str) -> str:
