@@ -81,8 +81,11 @@ def more_than_its_share(worker) -> bool:
     slot = getattr(worker, "mtc_slot", None)
     if held is None or slot is None:
         return False
-    _held[2 * slot + 1] = held
-    counts = [_held[2 * s + 1] for s in range(_SLOTS) if _held[2 * s]]
+    # Every request comes here: the raw array, not the locked wrapper (which takes the
+    # lock on each item). A count read mid-write only shifts one decision.
+    raw = _held.get_obj()
+    raw[2 * slot + 1] = held
+    counts = [count for pid, count in zip(raw[0::2], raw[1::2], strict=True) if pid]
     return held > sum(counts) / len(counts) + 1
 
 

@@ -382,7 +382,8 @@ class LocalProvider(LocalNodes, Provider):
         with ThreadPoolExecutor(max_workers=NODE_STARTS_AT_ONCE) as pool:
             # slurmdbd must know the cluster before its controller starts: sacctmgr
             # (a few hundred ms of table creation) runs while the nodes' files are written.
-            registered = pool.submit(self._accounting_register, cluster) if not ctld else None
+            restarting = not ctld or changed  # a changed config restarts it below
+            registered = pool.submit(self._accounting_register, cluster) if restarting else None
             # New nodes' files (shim, agent config) side by side; their tokens after, on
             # this thread: the database connection is this thread's.
             list(pool.map(lambda n: self.node_setup(cluster, n, token=False), fresh))
