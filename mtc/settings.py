@@ -100,6 +100,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "mtc.middleware.NulInUrlMiddleware",
+    # Before sessions: a cached API read needs none of what follows (mtc/api/readcache.py).
+    "mtc.api.readcache.ApiReadCacheMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -234,6 +236,9 @@ SPECTACULAR_SETTINGS = {
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6389/0")
+# Token-authenticated API reads are kept this many seconds in Redis, served again to the
+# same user and dropped at once by a write to their path (mtc/api/readcache.py); 0: off.
+MTC_API_READ_CACHE_SECONDS = float(os.environ.get("MTC_API_READ_CACHE_SECONDS", "1"))
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True

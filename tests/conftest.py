@@ -45,6 +45,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _api_read_cache_off_in_process():
+    """The API read cache (mtc/api/readcache.py) is off for the test client in this
+    process: every test makes its users and paths anew, and an answer kept by one test
+    would be another's. The web servers that tests start keep it on, as deployed."""
+    from django.conf import settings
+
+    settings.MTC_API_READ_CACHE_SECONDS = 0
+
+
 @pytest.fixture
 def operator(django_user_model):
     return django_user_model.objects.create_user("olga", password="pw-olga-123", is_staff=True)

@@ -18,6 +18,10 @@ class TokenAuthentication(authentication.BaseAuthentication):
     keywords = ("token", "bearer")
 
     def authenticate(self, request):
+        # The read cache (readcache.py) checked this request's token already.
+        checked = getattr(getattr(request, "_request", request), "mtc_token_auth", None)
+        if checked is not None:
+            return checked
         parts = authentication.get_authorization_header(request).split()
         if not parts or parts[0].lower().decode(errors="replace") not in self.keywords:
             return None
