@@ -94,7 +94,9 @@ class JobListView(ClusterJobsMixin, GenericAPIView):
     @extend_schema(operation_id="jobs_list", responses=JobSerializer(many=True))
     def get(self, request, cluster_id):
         qs = self.filter_queryset(self.get_queryset())
-        page = self.paginate_queryset(selectors.job_rows(qs, JOB_ROW_FIELDS))
+        rows = selectors.job_rows(qs, JOB_ROW_FIELDS)
+        rows.count_from = qs  # the same rows, counted without the joins that name them
+        page = self.paginate_queryset(rows)
         return self.get_paginated_response([job_row_representation(row) for row in page])
 
     @extend_schema(
