@@ -7,23 +7,19 @@ from __future__ import annotations
 
 import json
 import logging
-from functools import lru_cache
 
 import redis
 from django.conf import settings
+
+from mtc.redisconn import redis_client as shared_client
 
 log = logging.getLogger(__name__)
 MAX_PENDING_RECORDS = 200_000  # a cap, in case no reconcile drains the list for a while
 INFLIGHT_TTL_S = 600  # counts a crashed web process left behind fade away
 
 
-@lru_cache(maxsize=4)
-def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-
-
 def redis_client() -> redis.Redis:
-    return _client(settings.REDIS_URL)
+    return shared_client(settings.REDIS_URL)
 
 
 def _inflight_key(endpoint_id: int) -> str:

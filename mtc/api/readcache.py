@@ -29,12 +29,12 @@ import hashlib
 import json
 import logging
 import secrets
-import threading
 import time
 
 from django.conf import settings
 from django.http import HttpResponse
 
+from ..redisconn import redis_client
 from .auth import TokenAuthentication
 
 log = logging.getLogger(__name__)
@@ -48,26 +48,16 @@ _AUTH = TokenAuthentication()
 
 
 class _Store:
-    """One Redis client per process (made on first use, after gunicorn's fork)."""
+    """The process's Redis client for the cache, and whether Redis failed lately."""
 
     def __init__(self) -> None:
-        self.client = None
         self.down_until = 0.0
-        self.lock = threading.Lock()
 
     def get(self):
         if time.monotonic() < self.down_until:
             return None
-        if self.client is None:
-            with self.lock:
-                if self.client is None:
-                    import redis
-
-                    url = getattr(settings, "MTC_API_READ_CACHE_URL", "") or settings.REDIS_URL
-                    self.client = redis.Redis.from_url(
-                        url, socket_timeout=0.5, socket_connect_timeout=0.5
-                    )
-        return self.client
+        url = getattr(settings, "MTC_API_READ_CACHE_URL", "") or settings.REDIS_URL
+        return redis_client(url, timeout=0.5)
 
     def failed(self, exc: Exception) -> None:
         log.warning("API read cache off for %.0f s: Redis said %r", RETRY_AFTER, exc)
@@ -119,7 +109,7 @@ class ApiReadCacheMiddleware:
         if request.method not in ("HEAD", "OPTIONS", "TRACE") and not (
             400 <= response.status_code < 500
         ):
-            self.moved(request.path)
+            self.moved(request.path, ttl)
         return response
 
     def read(self, request, ttl: float):
@@ -136,16 +126,16 @@ class ApiReadCacheMiddleware:
         except Exception as exc:  # any Redis failure: serve uncached, never a 500
             _store.failed(exc)
             return self.get_response(request)
-        generation = generation or b"-"
+        generation = (generation or b"-").decode()
         if entry is not None:
             head, _, body = entry.partition(b"\n")
             meta = json.loads(head)
-            if meta["g"] == generation.decode():
+            if meta["g"] == generation:
                 return self.replay(meta, body)
         response = self.get_response(request)
         if self.keepable(response):
             meta = {
-                "g": generation.decode(),
+                "g": generation,
                 "s": response.status_code,
                 "h": [[k, v] for k, v in response.items() if k.lower() not in SKIP_HEADERS],
             }
@@ -187,16 +177,16 @@ class ApiReadCacheMiddleware:
         response["X-Mtc-Cache"] = "hit"
         return response
 
-    def moved(self, path: str) -> None:
+    def moved(self, path: str, ttl: float) -> None:
         """A write under `path`: every read of it or a parent path misses from now on."""
         client = _store.get()
         if client is None:
             return
         token = secrets.token_hex(8)
-        keep = max(60, int(settings.MTC_API_READ_CACHE_SECONDS * 10))  # outlives any entry
+        keep = max(60, int(ttl * 10))  # outlives any entry
         try:
             pipe = client.pipeline(transaction=False)
-            for parent in moved_paths(path.rstrip("/")):
+            for parent in moved_paths(path):
                 pipe.set(_generation_key(self.ns, parent), token, ex=keep)
             pipe.execute()
         except Exception as exc:
