@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from mtc.devstack import free_port
 
-from .test_runtime_train import write_config
+from .test_runtime_train import exit_rank, write_config
 
 STEPS = 3
 
@@ -39,35 +39,43 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
         MASTER_PORT=str(port),
         OMP_NUM_THREADS="1",
     )
-    from node.train import train
-    from node.train.config import load_config
     from node.train.distributed import dist_close, dist_init
-    from node.train.start import run_prepare
 
     d = dist_init()
-    result: dict[str, list[float]] = {}
     try:
-        for micro in ("full", "micro"):
-            cfg = load_config(str(Path(root) / micro / "run.json"))
-            p = run_prepare(cfg, d)
-            loss = p.task.loss
-            seen: list[int] = []  # the micro-batches of this step so far
-
-            def checked(model, mb, loss=loss, seen=seen):
-                if seen:  # the previous micro-batch's backward has run
-                    _grads_are_sharded(model)
-                seen.append(1)
-                return loss(model, mb)
-
-            p.task.loss = checked
-            result[micro] = []
-            for step in range(1, STEPS + 1):
-                seen.clear()
-                result[micro].append(train._train_step(cfg, d, p, step)[0]["loss"])
-                assert len(seen) == (4 if micro == "micro" else 1), len(seen)
+        result = _runs(d, root)
     finally:
         dist_close(d)
-    Path(root, f"rank{rank}.json").write_text(json.dumps(result))
+    exit_rank(root, rank, result)
+
+
+def _runs(d, root: str) -> dict[str, list[float]]:
+    """Both runs' losses. In a function of its own so that the models, their FSDP state
+    and gloo work handles are gone before the process group is destroyed."""
+    from node.train import train
+    from node.train.config import load_config
+    from node.train.start import run_prepare
+
+    result: dict[str, list[float]] = {}
+    for micro in ("full", "micro"):
+        cfg = load_config(str(Path(root) / micro / "run.json"))
+        p = run_prepare(cfg, d)
+        loss = p.task.loss
+        seen: list[int] = []  # the micro-batches of this step so far
+
+        def checked(model, mb, loss=loss, seen=seen):
+            if seen:  # the previous micro-batch's backward has run
+                _grads_are_sharded(model)
+            seen.append(1)
+            return loss(model, mb)
+
+        p.task.loss = checked
+        result[micro] = []
+        for step in range(1, STEPS + 1):
+            seen.clear()
+            result[micro].append(train._train_step(cfg, d, p, step)[0]["loss"])
+            assert len(seen) == (4 if micro == "micro" else 1), len(seen)
+    return result
 
 
 def test_micro_batches_reduce_scatter_each_and_match_the_full_batch(tmp_path):

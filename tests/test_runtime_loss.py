@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from mtc.devstack import free_port
 from node.train.presets import get_preset
 
-from .test_runtime_train import write_config
+from .test_runtime_train import exit_rank, write_config
 
 STEPS = 3
 
@@ -162,36 +162,42 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
         OMP_NUM_THREADS="1",
     )
     from node.train import loss as chunked
-    from node.train import train
-    from node.train.config import load_config
     from node.train.distributed import dist_close, dist_init
-    from node.train.model import lm_loss_sum_full
-    from node.train.start import run_prepare
 
     chunked.CHUNK_TOKENS = 24  # several chunks per sequence
     d = dist_init()
-    result: dict = {}
     try:
-        for name in sorted(os.listdir(root)):
-            if not name.startswith("run-"):
-                continue
-            cfg = load_config(str(Path(root) / name / "run.json"))
-            p = run_prepare(cfg, d)
-            if name.endswith("plain"):  # the whole sequence's fp32 logits
-
-                def full(model, mb):
-                    return lm_loss_sum_full(
-                        model, mb["input_ids"], mb.get("labels", mb["input_ids"])
-                    )
-
-                p.task.loss = full
-            result[name] = {
-                **_units(p.model),
-                "losses": [train._train_step(cfg, d, p, s)[0]["loss"] for s in range(1, STEPS + 1)],
-            }
+        result = _runs(d, root)
     finally:
         dist_close(d)
-    Path(root, f"rank{rank}.json").write_text(json.dumps(result))
+    exit_rank(root, rank, result)
+
+
+def _runs(d, root: str) -> dict:
+    """Every run's units and losses. In a function of its own so that the models, their
+    FSDP state and gloo work handles are gone before the process group is destroyed."""
+    from node.train import train
+    from node.train.config import load_config
+    from node.train.model import lm_loss_sum_full
+    from node.train.start import run_prepare
+
+    result: dict = {}
+    for name in sorted(os.listdir(root)):
+        if not name.startswith("run-"):
+            continue
+        cfg = load_config(str(Path(root) / name / "run.json"))
+        p = run_prepare(cfg, d)
+        if name.endswith("plain"):  # the whole sequence's fp32 logits
+
+            def full(model, mb):
+                return lm_loss_sum_full(model, mb["input_ids"], mb.get("labels", mb["input_ids"]))
+
+            p.task.loss = full
+        result[name] = {
+            **_units(p.model),
+            "losses": [train._train_step(cfg, d, p, s)[0]["loss"] for s in range(1, STEPS + 1)],
+        }
+    return result
 
 
 def test_units_and_training_parity_on_two_ranks(tmp_path):

@@ -53,6 +53,17 @@ def write_config(run_dir: Path, **changes) -> Path:
     return path
 
 
+def exit_rank(root: str, rank: int, result: dict) -> None:
+    """The end of a test's torch.multiprocessing rank, after its process group is gone:
+    write what the test reads, then leave without the interpreter's teardown. Torch's
+    C++ threads can abort a process at teardown (SIGABRT, "terminate called without an
+    active exception"), which is not what these tests check."""
+    Path(root, f"rank{rank}.json").write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def read_metrics(run_dir: Path) -> tuple[dict[int, dict], list[dict]]:
     steps, events = {}, []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
