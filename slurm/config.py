@@ -132,6 +132,10 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         "KillWait": str(KILL_WAIT_S),
         "InactiveLimit": "0",
         "MinJobAge": "300",
+        # slurmctld keeps every job it knows, ended ones for MinJobAge, and refuses new
+        # ones past MaxJobCount (default 10,000): 35 submits/s fill that in under 5
+        # minutes, and every submit then waits in sbatch's retries until it times out.
+        "MaxJobCount": "100000",
         "JobRequeue": "1",
     }
     if conf.accounting:

@@ -1,5 +1,8 @@
 """The local provider and the poller against real Slurm daemons."""
 
+import os
+import subprocess
+
 import pytest
 
 from clusters import operations, services
@@ -26,6 +29,15 @@ def test_layout_matches_the_published_contract(cluster):
     assert "PartitionName=gpu Nodes=pv-gpu-0,pv-gpu-1 Default=YES" in conf
     assert "SlurmdTimeout=10" in conf and "ReturnToService=2" in conf
     assert "KillWait=120" in conf  # SIGTERM to SIGKILL: time for a checkpoint
+    # What slurmctld runs with: room for the jobs a busy service submits (not 10,000).
+    shown = subprocess.run(
+        ["scontrol", "show", "config"],
+        env=dict(os.environ, SLURM_CONF=str(root / "etc" / "slurm.conf")),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert any(line.split() == ["MaxJobCount", "=", "100000"] for line in shown.splitlines())
     gres = (root / "etc" / "gres.conf").read_text()
     assert f"File={root}/nodes/pv-gpu-1/dev/nvidia[0-7]" in gres
     assert len(list((root / "nodes" / "pv-gpu-1" / "dev").iterdir())) == 8
