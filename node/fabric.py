@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import socket
-import sys
 import time
 
 RESULT_KEY = "mtc_fabric"  # the marker mtc looks for in the job's output
@@ -145,4 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    from node.train.distributed import exit_process  # torch is loaded by now
+
+    exit_process(status)

@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from clusters.models import Cluster
 from jobs.models import Job, JobEvent
-from jobs.sync import jobs_sync
+from jobs.sync import REQUEUE_SETTLE_S, jobs_sync
 from slurm.accounting import AccountingUnavailable, AcctJob
 from slurm.queue import QueueJob
 
@@ -236,7 +237,13 @@ def test_a_recipe_job_requeued_by_its_script_starts_without_the_begin_time_hold(
     Job.objects.filter(job_id="7").update(recipe="llama-pretrain")
     held = [qjob(i, "PENDING", reason="BeginTime", restart_count=1) for i in ("7", "8")]
     jobs_sync(cluster=cluster, queue=held)
-    jobs_sync(cluster=cluster, queue=held)  # still held: asked once, when first seen
+    jobs_sync(cluster=cluster, queue=held)
+    assert started == []  # its old batch script may still be ending
+    # REQUEUE_SETTLE_S after the poller first saw it held, it is started.
+    JobEvent.objects.filter(reason="BeginTime").update(
+        time=timezone.now() - timedelta(seconds=REQUEUE_SETTLE_S)
+    )
+    jobs_sync(cluster=cluster, queue=held)
     assert started == ["7"]  # not job 8: not a recipe job
 
 

@@ -55,13 +55,11 @@ def write_config(run_dir: Path, **changes) -> Path:
 
 def exit_rank(root: str, rank: int, result: dict) -> None:
     """The end of a test's torch.multiprocessing rank, after its process group is gone:
-    write what the test reads, then leave without the interpreter's teardown. Torch's
-    C++ threads can abort a process at teardown (SIGABRT, "terminate called without an
-    active exception"), which is not what these tests check."""
+    write what the test reads, then leave as the runtime's ranks do (exit_process)."""
+    from node.train.distributed import exit_process
+
     Path(root, f"rank{rank}.json").write_text(json.dumps(result))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_process(0)
 
 
 def read_metrics(run_dir: Path) -> tuple[dict[int, dict], list[dict]]:

@@ -3,8 +3,11 @@ Without torchrun (no WORLD_SIZE or WORLD_SIZE=1) everything is a no-op on one pr
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -104,3 +107,17 @@ def dist_init() -> Dist:
 def dist_close(d: Dist) -> None:
     if d.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a rank's process with ``code`` once its work is done and its process group is
+    destroyed, without the interpreter's teardown: torch's C++ threads (gloo's) can abort
+    a process there (SIGABRT, "terminate called without an active exception"), which
+    would turn a rank that finished its work into a failed step, and its job into FAILED."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing left to lose
+            pass
+    os._exit(code)

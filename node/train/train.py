@@ -31,7 +31,7 @@ from .checkpoint import (
 )
 from .config import SAVING_EVENT, STOP_NOW_FILE, ConfigError, RunConfig, load_config
 from .corpus import CorpusError
-from .distributed import Dist, dist_close, dist_init
+from .distributed import Dist, dist_close, dist_init, exit_process
 from .metrics import MetricsLogger, peak_flops, progress_line
 from .model import autocast, flops_per_token
 from .optim import lr_at
@@ -341,4 +341,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
