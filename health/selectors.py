@@ -22,7 +22,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from clusters.models import Cluster, Node
-from jobs.choices import JobState
+from jobs.choices import INTERRUPTED, JobState
 from jobs.models import Job, JobEvent, JobMetric
 from mtc.retention import window_within_retention
 
@@ -182,7 +182,6 @@ def repairs_by_outcome(cluster_id: str = "", window: timedelta | None = None) ->
 
 
 # --- goodput -----------------------------------------------------------------------------
-INTERRUPTED = "interrupted:"  # how health.repair.node_jobs_requeue starts a job event's cause
 
 
 def _overlap(spans: list[tuple], start, end) -> float:

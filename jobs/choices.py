@@ -73,3 +73,7 @@ CAN_REQUEUE = {
 }
 CAN_HOLD = {JobState.PENDING}
 HELD_REASONS = {"JobHeldUser", "JobHeldAdmin"}
+
+# How mtc's own requeues (health.repair, recipes.hang, recipes.straggler) start the cause
+# of the job event they record: a requeue mtc made, and started again itself.
+INTERRUPTED = "interrupted:"

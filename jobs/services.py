@@ -21,7 +21,7 @@ from slurm import SlurmError
 from slurm.accounts import USER_RE
 from slurm.submit import Submission, sbatch_args, validate_submission
 
-from .choices import CAN_CANCEL, CAN_HOLD, CAN_REQUEUE, HELD_REASONS, JobState
+from .choices import CAN_CANCEL, CAN_HOLD, CAN_REQUEUE, HELD_REASONS, INTERRUPTED, JobState
 from .models import Job, JobEvent
 from .sync import apply_queue_job
 
@@ -220,19 +220,58 @@ def job_control(*, job: Job, action: str, actor) -> Job:
     return job
 
 
+# How long a job requeued by anyone but mtc (its own batch script after SIGUSR1 and a
+# checkpoint, a user, Slurm) stays held before mtc starts it. Its old batch script may
+# still be ending when the requeue is through; if the job ran again first, that script's
+# completion would reach slurmctld during the new run and end it FAILED with the old
+# exit code (seen on a loaded host: PENDING BeginTime, then FAILED NonZeroExitCode and no
+# output from the second run). Slurm's own hold (BeginTime) is two minutes.
+REQUEUE_SETTLE_S = 10.0
+
+
 def jobs_release_requeued(*, cluster: Cluster) -> int:
     """Slurm holds a requeued job back for about two minutes (reason BeginTime); mtc
-    starts its requeued jobs again at once so they resume within seconds."""
+    starts its requeued jobs again sooner: at once when mtc requeued it (an
+    "interrupted:" event since its last run began), else REQUEUE_SETTLE_S after the
+    poller first saw it held. Returns how many it asked Slurm to start."""
     held = list(
         Job.objects.filter(
             cluster=cluster,
             state=JobState.PENDING,
             reason="BeginTime",
             requeue_count__gt=0,
-        ).values_list("job_id", flat=True)
+        ).values_list("id", "job_id")
     )
-    if held:
+    if not held:
+        return 0
+    due = _release_due([pk for pk, _ in held], timezone.now())
+    ready = [job_id for pk, job_id in held if pk in due]
+    if ready:
         client = get_provider(cluster.provider).slurm(cluster)
-        for job_id in held:
-            client.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=False)
-    return len(held)
+        for job_id in ready:
+            client.job_start_now(job_id)
+    return len(ready)
+
+
+def _release_due(job_pks: list[int], now) -> set[int]:
+    """The held requeued jobs that may start now, from each one's events since its last
+    run began (one query): who requeued it, and since when the poller has seen it held."""
+    by_mtc: set[int] = set()
+    held_since: dict[int, object] = {}
+    events = (
+        JobEvent.objects.filter(job_id__in=job_pks)
+        .order_by("time", "id")
+        .values_list("job_id", "time", "state", "reason", "cause")
+    )
+    for pk, when, state, reason, cause in events:
+        if state == JobState.RUNNING:  # a run began: what came before is another requeue's
+            by_mtc.discard(pk)
+            held_since.pop(pk, None)
+        elif cause.startswith(INTERRUPTED):
+            by_mtc.add(pk)
+        elif state == JobState.PENDING and reason == "BeginTime":
+            held_since.setdefault(pk, when)
+    settled = {
+        pk for pk, since in held_since.items() if (now - since).total_seconds() >= REQUEUE_SETTLE_S
+    }
+    return by_mtc | settled

@@ -18,7 +18,7 @@ from slurm import SlurmError
 from slurm.accounting import AcctJob
 from slurm.queue import QueueJob
 
-from .choices import ACTIVE_STATES, JobState
+from .choices import ACTIVE_STATES
 from .models import Job, JobEvent
 from .settle import array_state, settle
 
@@ -101,7 +101,6 @@ def _rows(cluster: Cluster, queue: list[QueueJob]) -> dict[str, Job]:
         "job_number",
         "array_task_id",
         "requeue_count",
-        "recipe",  # a recipe job its script requeued is started at once (_held_after_requeue)
         "settled",
         "gone_time",
         *SYNCED,
@@ -151,7 +150,6 @@ def jobs_sync(
     updated: dict[int, Job] = {}
     fields: set[str] = {"update_time"}
     events: list[dict] = []
-    held: list[str] = []
     for q in queue:
         job = existing.get(q.job_id)
         if job is None:
@@ -169,8 +167,6 @@ def jobs_sync(
                 row.update({k: v for k, v in inherited[parent.pk].items() if k != "id"})
             new_rows.append(row)
             continue
-        if _held_after_requeue(job, q):
-            held.append(job)
         changed = _changes(job, q)
         if job.gone_time is not None:  # back in the queue (requeued, or a glitch)
             job.gone_time = None
@@ -231,53 +227,8 @@ def jobs_sync(
         bulk_insert(JobEvent, events)
     leaver_pks = {job.pk for job in leavers}
     updates = sum(1 for pk in updated if pk not in leaver_pks)
-    if held:
-        _start_now(cluster, _settled(held, now))
     return {"created": len(new_rows), "updated": updates, "gone": gone}
 
 
 def _event(job_pk: int, now: datetime, state: str, reason: str, cause: str) -> dict:
     return {"job_id": job_pk, "time": now, "state": state, "reason": reason, "cause": cause}
-
-
-# How long a job its own batch script requeued stays held before mtc starts it. The
-# script is still ending when the requeue is through; if the job ran again first, the old
-# script's completion would reach slurmctld during the new run and end it FAILED with the
-# old exit code (seen on a loaded host: PENDING BeginTime, then FAILED NonZeroExitCode and
-# no output from the second run). Slurm's own hold (BeginTime) is two minutes.
-REQUEUE_SETTLE_S = 10.0
-
-
-def _held_after_requeue(job: Job, q: QueueJob) -> bool:
-    """A recipe job its batch script requeued (after SIGUSR1 and a checkpoint), held back
-    by Slurm's BeginTime (its credential lifetime, two minutes): mtc starts the jobs it
-    requeues itself at once, and these once the old script has had time to end."""
-    return (
-        bool(job.recipe)
-        and q.state == JobState.PENDING
-        and q.reason == "BeginTime"
-        and q.restart_count > 0
-    )
-
-
-def _settled(held: list[Job], now: datetime) -> list[str]:
-    """The held jobs first seen held (their PENDING BeginTime event) REQUEUE_SETTLE_S ago."""
-    since = dict(
-        JobEvent.objects.filter(job__in=held, state=JobState.PENDING, reason="BeginTime")
-        .values_list("job_id")
-        .annotate(latest=models.Max("time"))
-    )
-    return [
-        job.job_id
-        for job in held
-        if job.pk in since and (now - since[job.pk]).total_seconds() >= REQUEUE_SETTLE_S
-    ]
-
-
-def _start_now(cluster: Cluster, job_ids: list[str]) -> None:
-    client = get_provider(cluster.provider).slurm(cluster)
-    for job_id in job_ids:
-        try:
-            client.job_start_now(job_id)
-        except SlurmError as exc:  # best effort: Slurm starts it after the hold anyway
-            log.info("starting requeued job %s now failed: %s", job_id, exc)

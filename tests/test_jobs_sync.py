@@ -6,12 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from clusters.models import Cluster
 from jobs.models import Job, JobEvent
-from jobs.sync import REQUEUE_SETTLE_S, jobs_sync
+from jobs.services import REQUEUE_SETTLE_S, jobs_release_requeued
+from jobs.sync import jobs_sync
 from slurm.accounting import AccountingUnavailable, AcctJob
 from slurm.queue import QueueJob
 
@@ -219,7 +221,7 @@ def test_requeues_counted(cluster):
     assert job.requeue_count == 1 and job.reason == "BeginTime"
 
 
-def test_a_recipe_job_requeued_by_its_script_starts_without_the_begin_time_hold(
+def test_requeued_jobs_start_at_once_when_mtc_requeued_them_else_after_a_settle_time(
     cluster, monkeypatch
 ):
     started = []
@@ -232,19 +234,25 @@ def test_a_recipe_job_requeued_by_its_script_starts_without_the_begin_time_hold(
         def slurm(self, cluster):
             return Client()
 
-    monkeypatch.setattr("jobs.sync.get_provider", lambda name: Provider())
-    jobs_sync(cluster=cluster, queue=[qjob("7", "RUNNING"), qjob("8", "RUNNING")])
-    Job.objects.filter(job_id="7").update(recipe="llama-pretrain")
-    held = [qjob(i, "PENDING", reason="BeginTime", restart_count=1) for i in ("7", "8")]
+    monkeypatch.setattr("jobs.services.get_provider", lambda name: Provider())
+    jobs_sync(cluster=cluster, queue=[qjob(i, "RUNNING") for i in ("6", "7", "8")])
+    # 6: requeued by mtc before its last run began; 8: by mtc now (a repair's event).
+    job_6, job_8 = Job.objects.get(job_id="6"), Job.objects.get(job_id="8")
+    now = timezone.now()
+    before = now - timedelta(minutes=5)
+    JobEvent.objects.create(job=job_6, time=before, state="REQUEUED", cause="interrupted: x")
+    JobEvent.objects.filter(job=job_6, state="RUNNING").update(time=before + timedelta(minutes=1))
+    JobEvent.objects.create(job=job_8, time=now, state="REQUEUED", cause="interrupted: y")
+    held = [qjob(i, "PENDING", reason="BeginTime", restart_count=1) for i in ("6", "7", "8")]
     jobs_sync(cluster=cluster, queue=held)
+    assert jobs_release_requeued(cluster=cluster) == 1
+    assert started == ["8"]  # 6 and 7: their old batch script may still be ending
+    # REQUEUE_SETTLE_S after the poller first saw them held, they are started.
+    JobEvent.objects.update(time=F("time") - timedelta(seconds=REQUEUE_SETTLE_S))
+    started.clear()
     jobs_sync(cluster=cluster, queue=held)
-    assert started == []  # its old batch script may still be ending
-    # REQUEUE_SETTLE_S after the poller first saw it held, it is started.
-    JobEvent.objects.filter(reason="BeginTime").update(
-        time=timezone.now() - timedelta(seconds=REQUEUE_SETTLE_S)
-    )
-    jobs_sync(cluster=cluster, queue=held)
-    assert started == ["7"]  # not job 8: not a recipe job
+    assert jobs_release_requeued(cluster=cluster) == 3
+    assert sorted(started) == ["6", "7", "8"]
 
 
 def test_array_tasks_inherit_the_arrays_owner_and_it_sums_them_up(cluster, user):

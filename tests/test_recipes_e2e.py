@@ -12,6 +12,7 @@ from clusters.models import Cluster
 from clusters.providers import get_provider
 from identity.models import PosixAccount
 from jobs.models import Job, JobEvent, JobMetric
+from jobs.services import jobs_release_requeued
 from jobs.sync import jobs_sync
 from recipes.metrics import recipe_jobs_ingest
 
@@ -57,7 +58,11 @@ def poll(cluster, job_id: str, until, timeout: float = 240) -> Job:
 
     return wait_until(
         arrived,
-        before=lambda: (jobs_sync(cluster=cluster), recipe_jobs_ingest(cluster)),
+        before=lambda: (
+            jobs_sync(cluster=cluster),
+            jobs_release_requeued(cluster=cluster),  # as the poller does after each sync
+            recipe_jobs_ingest(cluster),
+        ),
         what=lambda: f"job {job_id}; it is {Job.objects.get(cluster=cluster, job_id=job_id).state}",
         timeout=timeout,
         every=0.3,
