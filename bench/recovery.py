@@ -15,10 +15,12 @@ only run again at full size because the spare stands in; the spare column names 
         [--kinds kill,disk,slow,straggle,hang,kill-with-spare] [--hang-floor S]
 
 `hang` stops one rank (SIGSTOP); the job is hung once it made no progress for
-max(5 x median step time, MTC_HANG_FLOOR_S): "detected" is when the poller found it
-(its stacks taken, its node marked JOB_HANG, the job requeued without that node), so
-with the default floor of 60 s it measures the floor plus up to one poll round and the
-stacks' few seconds; `--hang-floor` sets a lower floor for this run.
+max(5 x median step time, MTC_HANG_FLOOR_S): "detected" is when mtc found it (then
+its stacks are taken, the job requeued without that node, the node marked JOB_HANG).
+A round that sees a job's threshold coming sends a check timed to it (on the polls
+queue; here a thread, bench/operations_worker.py), so with the default floor of 60 s
+it measures the floor from the run's last progress (a little before the stop) plus
+the check's own latency; `--hang-floor` sets a lower floor for this run.
 
 The control plane's loops run in this process at their production cadence: the
 poller every 2 s (jobs, metrics, controller-side health), the node agents every 2 s
@@ -232,6 +234,9 @@ def one_run(cluster, owner, kind: str) -> dict:
             if kind == "straggle" and requeued
             else (failure.first_seen.timestamp() - fault_time if failure else None)
         ),
+        # hang: the run's last progress (a step or a checkpoint line), which its threshold
+        # counts from; before the fault, or after it when the peers finished a step.
+        "last_progress": hang.since.timestamp() - fault_time if hang is not None else None,
         "drained": repair.start_time.timestamp() - fault_time if repair else None,
         "requeued": requeued.time.timestamp() - fault_time if requeued else None,
         # Slurm's moment where it was seen, else the loop's.
@@ -262,7 +267,7 @@ def _back_as(cluster, victim: Node) -> str:
 
 
 def fmt(value) -> str:
-    return "-" if value is None else (f"{value:6.1f}" if isinstance(value, float) else str(value))
+    return "-" if value is None else (f"{value:6.2f}" if isinstance(value, float) else str(value))
 
 
 def main() -> None:
@@ -295,12 +300,14 @@ def main() -> None:
         clusters["spare"] = Cluster.objects.get(cluster_id="spares")
     global WORKER
     WORKER = operations_worker.start()
+    operations_worker.start(operations_worker.POLL_TASKS)  # hang checks timed to a threshold
     columns = (
         "kind",
         "node",
         "mode",
         "action",
         "detected",
+        "last_progress",
         "drained",
         "requeued",
         "running",
@@ -330,7 +337,8 @@ def main() -> None:
             if mine:
                 print(
                     f"{kind}: median fault -> detected "
-                    f"{statistics.median(r['detected'] for r in mine):.1f} s, -> running again "
+                    f"{statistics.median(r['detected'] for r in mine):.2f} s "
+                    f"(max {max(r['detected'] for r in mine):.2f}), -> running again "
                     f"{statistics.median(r['running'] for r in mine):.1f} s "
                     f"(max {max(r['running'] for r in mine):.1f}), "
                     f"-> first new step {statistics.median(r['first_step'] for r in mine):.1f} s,"

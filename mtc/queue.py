@@ -59,7 +59,10 @@ def task_enqueue(name: str, *args, countdown: float | None = None) -> None:
 # Tasks a poll fans out, one per row: {task: the polls that send it}. Sent from within
 # such a poll they stay on its queue; sent by a request (a user's change) they are
 # operations (settings.CELERY_TASK_ROUTES).
-POLL_FANOUT = {"serving.tasks.endpoint_reconcile": {"serving.tasks.endpoints_reconcile_all"}}
+POLL_FANOUT = {
+    "serving.tasks.endpoint_reconcile": {"serving.tasks.endpoints_reconcile_all"},
+    "recipes.tasks.recipe_hang_check": {"recipes.tasks.recipe_metrics_ingest_all"},
+}
 
 
 def route_poll_fanout(name, args, kwargs, options, task=None, **kw) -> dict | None:

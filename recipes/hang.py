@@ -19,6 +19,9 @@ A JobHang row per (job, attempt, step) is the compare-and-swap: two pollers that
 the same hang insert it once, and only the one that inserted it acts.
 
 Hangs before a run's first step (its setup) are not judged: setup time has no median.
+
+(Past 400 lines: finding, explaining and recovering from a hang are one sequence that
+reads top to bottom, and its parts share the stacks' format.)
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import logging
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -138,8 +142,11 @@ def _last_progress(job: Job, run_dir: Path) -> tuple[JobMetric | None, datetime 
     return last, max(last.time, mtime)
 
 
-def hang_due(job: Job, *, now: datetime | None = None) -> tuple[JobMetric, datetime, float] | None:
-    """(last step, last progress, threshold) when the job is hung now, else None."""
+def hang_due(
+    job: Job, *, now: datetime | None = None, within_s: float = 0.0
+) -> tuple[JobMetric, datetime, float] | None:
+    """(last step, last progress, threshold) when the job is hung now, or will be within
+    ``within_s`` unless it progresses first (at ``since + threshold``); else None."""
     if job.state != JobState.RUNNING or not job.recipe or not job.checkpoint_dir:
         return None
     now = now or timezone.now()
@@ -156,14 +163,15 @@ def hang_due(job: Job, *, now: datetime | None = None) -> tuple[JobMetric, datet
         .values_list("values__step_time_s", flat=True)[:MEDIAN_OF_STEPS]
     )
     threshold = hang_threshold_s(times, settings.MTC_HANG_FLOOR_S)
-    if (now - since).total_seconds() < threshold:
+    idle = (now - since).total_seconds() + within_s
+    if idle < threshold:
         return None
     run_dir = Path(job.checkpoint_dir).parent
     if saving_announced(run_dir / "metrics.jsonl"):
         # A synchronous save (the last or a stop's) writes no line until it is done: it
         # gets the time Slurm's stop signal gives a save (recipes/memory.py).
         threshold = max(threshold, float(_save_allowance_s(job, run_dir)))
-        if (now - since).total_seconds() < threshold:
+        if idle < threshold:
             return None
     return last, since, threshold
 
@@ -296,10 +304,12 @@ def _requeue(job: Job, client, exclude: list[str]) -> str:
     return why
 
 
-def hang_handle(job: Job) -> JobHang | None:
-    """Detect, explain and recover one job's hang; None when it is not hung (or another
-    poller is handling this very hang)."""
-    due = hang_due(job)
+def hang_handle(
+    job: Job, *, due: tuple[JobMetric, datetime, float] | None = None
+) -> JobHang | None:
+    """Detect, explain and recover one job's hang (``due``: hang_due's answer, when the
+    caller has it); None when it is not hung (or another poller handles this very hang)."""
+    due = due or hang_due(job)
     if due is None:
         return None
     last, since, threshold = due
@@ -412,10 +422,16 @@ def hang_nodes_mark(cluster) -> int:
     return marked
 
 
-def recipe_hangs_check(cluster) -> int:
-    """Every RUNNING recipe job of the cluster: how many hangs were handled now."""
+def recipe_hangs_check(
+    cluster, *, check_at: Callable[[int, datetime], None] | None = None, lookahead_s: float = 0.0
+) -> int:
+    """Every RUNNING recipe job of the cluster: how many hangs were handled now. A job
+    that will be hung within ``lookahead_s`` (the time to the next round) unless it
+    progresses is passed to ``check_at(job pk, when)``, so that it is judged at its
+    threshold to the second rather than up to a round later."""
     handled = 0
-    recent = timezone.now() - timedelta(seconds=settings.MTC_HANG_FLOOR_S)
+    now = timezone.now()
+    recent = now - timedelta(seconds=settings.MTC_HANG_FLOOR_S - lookahead_s)
     jobs = (
         Job.objects.filter(cluster=cluster, state=JobState.RUNNING, start_time__lte=recent)
         .exclude(recipe="")
@@ -424,7 +440,15 @@ def recipe_hangs_check(cluster) -> int:
     )
     for job in jobs:
         try:
-            handled += hang_handle(job) is not None
+            due = hang_due(job, now=now, within_s=lookahead_s if check_at else 0.0)
+            if due is None:
+                continue
+            _, since, threshold = due
+            when = since + timedelta(seconds=threshold)
+            if when > now and check_at is not None:
+                check_at(job.pk, when)
+            else:
+                handled += hang_handle(job, due=due) is not None
         except Exception:  # noqa: BLE001 - one job's trouble must not stop the others
             log.exception("job %s: hang check failed", job)
     hang_nodes_mark(cluster)

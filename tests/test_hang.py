@@ -22,6 +22,7 @@ from recipes.hang import (
     hang_threshold_s,
     hung_rank,
     in_collective,
+    recipe_hangs_check,
 )
 from recipes.memory import signal_lead
 
@@ -201,3 +202,40 @@ def test_an_announced_synchronous_save_gets_the_stop_signals_lead(running_job):
         fh.write(json.dumps({"event": "checkpoint", "step": 10}) + "\n")
     os.utime(metrics, (stamp, stamp))
     assert hang_due(running_job, now=now)[2] == 60  # the floor again
+
+
+def test_a_job_about_to_hang_is_judged_at_its_threshold_not_a_round_later(running_job):
+    """The round sees the threshold coming within its look-ahead and asks for a check at
+    that moment; a job judged now, or far from it, is not passed on."""
+    now = timezone.now()
+    steps(running_job, now - timedelta(seconds=58), step_time=0.5)
+    asked: list = []
+    at = lambda pk, when: asked.append((pk, when))  # noqa: E731
+    assert recipe_hangs_check(running_job.cluster, check_at=at, lookahead_s=1) == 0
+    assert asked == []  # 2 s from its threshold: the next round comes first
+    assert recipe_hangs_check(running_job.cluster, check_at=at, lookahead_s=4) == 0
+    [(pk, when)] = asked
+    assert pk == running_job.pk
+    assert abs((when - (now + timedelta(seconds=2))).total_seconds()) < 0.01
+    assert hang_due(running_job, now=when - timedelta(milliseconds=10)) is None
+    assert hang_due(running_job, now=when) is not None
+
+
+def test_a_timed_check_that_starts_early_waits_for_the_threshold(running_job, monkeypatch):
+    import recipes.tasks
+
+    handled: list = []
+    monkeypatch.setattr(
+        recipes.tasks, "hang_handle", lambda job, due: handled.append((timezone.now(), due))
+    )
+    now = timezone.now()
+    steps(running_job, now - timedelta(seconds=30), step_time=0.5)
+    assert recipes.tasks.recipe_hang_check(running_job.pk) is False  # 30 s to go: no hang
+    assert handled == []
+
+    JobMetric.objects.filter(job=running_job).delete()
+    steps(running_job, now - timedelta(seconds=59.7), step_time=0.5)
+    recipes.tasks.recipe_hang_check(running_job.pk)
+    [(when, (last, since, threshold))] = handled
+    assert (last.step, threshold) == (10, 60)
+    assert when >= since + timedelta(seconds=60)  # waited the last 0.3 s, then judged

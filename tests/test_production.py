@@ -163,6 +163,11 @@ def test_a_polls_fan_out_stays_on_the_polls_queue():
         assert _queue("clusters.tasks.operation_run") == "operations"
     finally:
         _task_stack.pop()
+    _task_stack.push(app.tasks["recipes.tasks.recipe_metrics_ingest_all"])
+    try:  # a hang check timed to a job's threshold is part of the recipe round
+        assert _queue("recipes.tasks.recipe_hang_check") == "polls"
+    finally:
+        _task_stack.pop()
     _task_stack.push(app.tasks["clusters.tasks.clusters_reconcile_all"])
     try:  # a poll that resumes an operation sends it where operations run
         assert _queue("clusters.tasks.operation_run") == "operations"
