@@ -49,13 +49,15 @@ from health.models import NodeFailure  # noqa: E402
 from health.poll import cluster_health_poll  # noqa: E402
 from health.selectors import goodput  # noqa: E402
 from health.services import report_ingest  # noqa: E402
-from jobs.models import Job, JobEvent, JobMetric  # noqa: E402
+from jobs.models import Job, JobEvent, JobHang, JobMetric  # noqa: E402
 from jobs.services import job_control, jobs_release_requeued  # noqa: E402
 from jobs.sync import jobs_sync  # noqa: E402
 from recipes.launch import recipe_launch  # noqa: E402
 from recipes.tasks import recipe_round  # noqa: E402
 
 TICK_S, AGENT_EVERY_S = 2.0, 10.0
+# How mtc records the requeue off a straggler it found (a JobEvent's cause).
+STRAGGLER_CAUSE = "interrupted: straggler"
 CLUSTER_ID = "soak"
 
 
@@ -192,20 +194,36 @@ def main() -> None:
 
 
 def watch(fault: dict, job: Job) -> None:
-    """Fill in the fault's times as they happen: detected (a failure on its node), running
-    again (the job RUNNING after leaving it), first new training step after that."""
+    """Fill in the fault's times as they happen: detected (a failure on its node, or a
+    hang or a straggler found in the job: that node's failure opens only once the job
+    has left it), running again (the job RUNNING after leaving it), first new
+    training step after that."""
     since = datetime.fromtimestamp(fault["t"], tz=UTC)
-    if fault["detected"] is None:
+    if fault["mode"] == "-":
         failure = (
             NodeFailure.objects.filter(node=fault["node"], first_seen__gte=since)
             .order_by("first_seen")
             .first()
         )
-        if failure:
-            fault["detected"], fault["mode"] = (
-                failure.first_seen.timestamp() - fault["t"],
-                failure.mode,
+        hang = JobHang.objects.filter(job=job, detected_time__gte=since).order_by("id").first()
+        straggler = (
+            JobEvent.objects.filter(job=job, time__gte=since, cause__startswith=STRAGGLER_CAUSE)
+            .order_by("time")
+            .first()
+        )
+        seen = [
+            when
+            for when in (
+                failure and failure.first_seen,
+                hang and hang.detected_time,
+                straggler and straggler.time,
             )
+            if when
+        ]
+        if seen:
+            fault["detected"] = min(seen).timestamp() - fault["t"]
+        if failure:
+            fault["mode"] = failure.mode
     current = Job.objects.get(pk=job.pk)
     # A requeue onto a spare can be back to RUNNING between two looks: the job's own
     # record says it was interrupted, and a start after that is its running again.
