@@ -373,6 +373,21 @@ def hang_handle(
     return hang
 
 
+def hang_check_timed(job: Job, *, early_s: float) -> JobHang | None:
+    """A check sent for the moment the job's threshold comes (recipes.tasks): one that
+    starts up to ``early_s`` before it (a timer's grain, two processes' clocks) waits for
+    it rather than leave the job to the next round; a step meanwhile means no hang."""
+    due = hang_due(job, within_s=early_s)
+    if due is None:
+        return None
+    _, since, threshold = due
+    early = (since + timedelta(seconds=threshold) - timezone.now()).total_seconds()
+    if early > 0:
+        time.sleep(early)
+        due = hang_due(job)
+    return hang_handle(job, due=due) if due is not None else None
+
+
 def _node_mark(hang: JobHang) -> None:
     node = Node.objects.filter(cluster_id=hang.job.cluster_id, name=hang.node).first()
     if node is None:

@@ -1,18 +1,16 @@
 """Thin Celery tasks for recipes."""
 
-import time
 from datetime import datetime, timedelta
 
 from celery import shared_task
 from django.conf import settings
-from django.utils import timezone
 
 from clusters.selectors import live_clusters
 from jobs.models import Job
 from mtc.polls import for_each, single_flight
 
 from . import tensorboard
-from .hang import hang_due, hang_handle, recipe_hangs_check
+from .hang import hang_check_timed, recipe_hangs_check
 from .metrics import recipe_jobs_ingest
 from .straggler import recipe_stragglers_check
 
@@ -43,17 +41,7 @@ def hang_check_at(job_pk: int, when: datetime) -> None:
 def recipe_hang_check(job_pk: int) -> bool:
     """Whether the job (by id) was hung at its moment and its hang handled."""
     job = Job.objects.select_related("cluster").filter(pk=job_pk).first()
-    if job is None:
-        return False
-    due = hang_due(job, within_s=HANG_CHECK_EARLY_S)
-    if due is None:
-        return False  # it progressed: no hang
-    _, since, threshold = due
-    early = (since + timedelta(seconds=threshold) - timezone.now()).total_seconds()
-    if early > 0:
-        time.sleep(early)
-        due = hang_due(job)  # a step may have come meanwhile
-    return due is not None and hang_handle(job, due=due) is not None
+    return job is not None and hang_check_timed(job, early_s=HANG_CHECK_EARLY_S) is not None
 
 
 @shared_task(ignore_result=True)

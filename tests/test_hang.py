@@ -222,11 +222,12 @@ def test_a_job_about_to_hang_is_judged_at_its_threshold_not_a_round_later(runnin
 
 
 def test_a_timed_check_that_starts_early_waits_for_the_threshold(running_job, monkeypatch):
+    import recipes.hang
     import recipes.tasks
 
     handled: list = []
     monkeypatch.setattr(
-        recipes.tasks, "hang_handle", lambda job, due: handled.append((timezone.now(), due))
+        recipes.hang, "hang_handle", lambda job, due: handled.append((timezone.now(), due))
     )
     now = timezone.now()
     steps(running_job, now - timedelta(seconds=30), step_time=0.5)
