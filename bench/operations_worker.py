@@ -54,11 +54,11 @@ class OperationsWorker(threading.Thread):
         return self.inbox.empty() and not self.busy.is_set()
 
 
-def start(tasks: tuple[str, ...] = OPERATION_TASKS) -> OperationsWorker:
+def start(
+    tasks: tuple[str, ...] = OPERATION_TASKS, name: str = "operations-worker"
+) -> OperationsWorker:
     """Send ``tasks`` (the operation tasks) to a worker thread of their own from now on."""
-    worker = OperationsWorker(
-        name="operations-worker" if tasks == OPERATION_TASKS else "polls-worker"
-    )
+    worker = OperationsWorker(name)
     for name in tasks:
         task = current_app.tasks[name]
 

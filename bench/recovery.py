@@ -300,7 +300,9 @@ def main() -> None:
         clusters["spare"] = Cluster.objects.get(cluster_id="spares")
     global WORKER
     WORKER = operations_worker.start()
-    operations_worker.start(operations_worker.POLL_TASKS)  # hang checks timed to a threshold
+    operations_worker.start(
+        operations_worker.POLL_TASKS, "polls-worker"
+    )  # hang checks timed to a threshold
     columns = (
         "kind",
         "node",

@@ -128,7 +128,9 @@ def main() -> None:
         spares = 0
     cluster = Cluster.objects.get(cluster_id=CLUSTER_ID)
     operations_worker.start()  # repairs beside the poller, as the operations queue runs them
-    operations_worker.start(operations_worker.POLL_TASKS)  # hang checks timed to a threshold
+    operations_worker.start(
+        operations_worker.POLL_TASKS, "polls-worker"
+    )  # hang checks timed to a threshold
     plane = ControlPlane(cluster)
     print(
         f"pool of 4 nodes, {spares} spare; faults from {', '.join(kinds)} every "

@@ -12,8 +12,7 @@ from clusters.models import Cluster
 from clusters.providers import get_provider
 from identity.models import PosixAccount
 from jobs.models import Job, JobEvent, JobMetric
-from jobs.services import jobs_release_requeued
-from jobs.sync import jobs_sync
+from jobs.tasks import jobs_round
 from recipes.metrics import recipe_jobs_ingest
 
 from .conftest import make_spec
@@ -59,8 +58,7 @@ def poll(cluster, job_id: str, until, timeout: float = 240) -> Job:
     return wait_until(
         arrived,
         before=lambda: (
-            jobs_sync(cluster=cluster),
-            jobs_release_requeued(cluster=cluster),  # as the poller does after each sync
+            jobs_round(cluster),  # the poller's: sync, then release requeued jobs
             recipe_jobs_ingest(cluster),
         ),
         what=lambda: f"job {job_id}; it is {Job.objects.get(cluster=cluster, job_id=job_id).state}",
