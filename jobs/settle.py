@@ -105,6 +105,47 @@ def _from_record(job: Job, record: AcctJob) -> dict:
     }
 
 
+def asked_once(
+    accounting: Callable[[list[str]], dict[str, AcctJob]], job_ids: list[str]
+) -> Callable[[list[str]], dict[str, AcctJob]]:
+    """``accounting`` for ``job_ids``, asked once (one sacct a round) and answered to
+    each caller: the records, or the same AccountingUnavailable."""
+    answer: dict[str, AcctJob] | AccountingUnavailable
+    try:
+        answer = accounting(job_ids)
+    except AccountingUnavailable as exc:
+        answer = exc
+
+    def records(_ids: list[str]) -> dict[str, AcctJob]:
+        if isinstance(answer, AccountingUnavailable):
+            raise answer
+        return answer
+
+    return records
+
+
+def settle_ended(
+    ended: list[Job], accounting: Callable[[list[str]], dict[str, AcctJob]], *, now: datetime
+) -> Iterator[Settled]:
+    """Rows the queue shows ended settle once accounting has their final record, so the
+    rounds skip them for the rest of their MinJobAge in slurmctld; a record still active
+    (slurmdbd behind) or none yet: asked again next round. No accounting at all: they
+    settle as squeue ended them."""
+    if not ended:
+        return
+    try:
+        records = accounting([job.job_id for job in ended])
+    except AccountingUnavailable as exc:
+        if not exc.configured:
+            for job in ended:
+                yield _set(job, {"settled": True}, now, "")
+        return
+    for job in ended:
+        record = records.get(job.job_id)
+        if record is not None and record.state not in ACTIVE_STATES:
+            yield _set(job, _from_record(job, record), now, CAUSE)
+
+
 def settle(
     leavers: list[Job], accounting: Callable[[list[str]], dict[str, AcctJob]], *, now: datetime
 ) -> Iterator[Settled]:

@@ -1,5 +1,5 @@
-"""The poller's half: one squeue per cluster, stored in bulk; the jobs that left the
-queue get their final record from accounting (settle.py)."""
+"""The poller's half: one squeue per cluster, stored in bulk; the jobs that ended or
+left the queue get their final record from accounting (settle.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
+from itertools import chain
 
 from django.db import models, transaction
 from django.utils import timezone
@@ -20,7 +21,7 @@ from slurm.queue import QueueJob
 
 from .choices import ACTIVE_STATES
 from .models import Job, JobEvent
-from .settle import array_state, settle
+from .settle import array_state, asked_once, settle, settle_ended
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +92,12 @@ def apply_queue_job(job: Job, q: QueueJob, *, now: datetime, cause: str = "") ->
 ID_CHUNK = 5000
 
 
-def _rows(cluster: Cluster, queue: list[QueueJob]) -> dict[str, Job]:
+def _rows(cluster: Cluster, queue: list[QueueJob]) -> tuple[dict[str, Job], set[str]]:
     """The rows a round touches: the unsettled ones (mtc still waits for their end or
     their final record) and the queue's own (array parents included), never the whole
-    history."""
+    history; and the ids of the queue's ended jobs that already settled (slurmctld keeps
+    an ended job for MinJobAge: 5 minutes of a busy cluster's history, which the round
+    skips, reading no more than their requeue counts)."""
     base = Job.objects.filter(cluster=cluster).only(
         "id",
         "job_id",
@@ -106,12 +109,20 @@ def _rows(cluster: Cluster, queue: list[QueueJob]) -> dict[str, Job]:
         *SYNCED,
     )
     rows = {job.job_id: job for job in base.filter(settled=False)}
-    wanted = {q.job_id for q in queue}
+    ended = {q.job_id: q.restart_count for q in queue if q.state not in ACTIVE_STATES}
+    done: set[str] = set()
+    ids = sorted(ended.keys() - rows.keys())
+    for start in range(0, len(ids), ID_CHUNK):
+        chunk = base.filter(job_id__in=ids[start : start + ID_CHUNK])
+        for job_id, requeues in chunk.values_list("job_id", "requeue_count"):
+            if ended[job_id] <= requeues:  # not run again since it settled
+                done.add(job_id)
+    wanted = {q.job_id for q in queue if q.job_id not in done}
     wanted |= {str(q.job_number) for q in queue if q.array_task_id is not None}
     ids = sorted(wanted - rows.keys())
     for start in range(0, len(ids), ID_CHUNK):
         rows.update((j.job_id, j) for j in base.filter(job_id__in=ids[start : start + ID_CHUNK]))
-    return rows
+    return rows, done
 
 
 def jobs_sync(
@@ -131,13 +142,13 @@ def jobs_sync(
         except SlurmError as exc:
             log.info("squeue for %s failed: %s", cluster.cluster_id, exc)
             return {"created": 0, "updated": 0, "gone": 0}
-    queue = [_fit(q) for q in queue]
     now = timezone.now()
-    existing = _rows(cluster, queue)
-    task_states: dict[int, list[str]] = {}
+    existing, done = _rows(cluster, queue)
+    task_states: dict[int, list[str]] = {}  # an array's state follows all its tasks
     for q in queue:
         if q.array_task_id is not None:
             task_states.setdefault(q.job_number, []).append(q.state)
+    queue = [_fit(q) for q in queue if q.job_id not in done]
     parents = {number: existing[str(number)] for number in task_states if str(number) in existing}
     inherited = {
         row["id"]: row
@@ -171,6 +182,9 @@ def jobs_sync(
         if job.gone_time is not None:  # back in the queue (requeued, or a glitch)
             job.gone_time = None
             changed.append("gone_time")
+        if job.settled:  # it runs again (requeued after it ended): its end is to come
+            job.settled = False
+            changed.append("settled")
         if changed:
             if job.state != q.state or job.reason != q.reason:
                 events.append(_event(job.pk, now, q.state, q.reason, "seen by the poller"))
@@ -192,12 +206,18 @@ def jobs_sync(
                 updated[job.pk] = job
         else:
             leavers.append(job)
-    gone = 0
-    if leavers:
+    # Ended in the queue, not settled yet: their final record settles them now.
+    ended = [
+        existing[q.job_id] for q in queue if q.state not in ACTIVE_STATES and q.job_id in existing
+    ]
+    gone = sum(job.state in ACTIVE_STATES for job in leavers)
+    if leavers or ended:
         if accounting is None:
             accounting = (client or get_provider(cluster.provider).slurm(cluster)).accounting
-        gone = sum(job.state in ACTIVE_STATES for job in leavers)
-        for job, changed, event in settle(leavers, accounting, now=now):
+        answer = asked_once(accounting, [job.job_id for job in leavers + ended])
+        for job, changed, event in chain(
+            settle(leavers, answer, now=now), settle_ended(ended, answer, now=now)
+        ):
             if not changed:
                 continue
             fields.update(changed)
@@ -205,26 +225,27 @@ def jobs_sync(
             if event:
                 events.append(event)
 
-    with transaction.atomic():
-        if new_rows:
-            bulk_insert(Job, new_rows)
-            new_ids = Job.objects.filter(cluster=cluster, update_time=now).values_list(
-                "id", "job_id"
-            )
-            by_job_id = {row["job_id"]: row for row in new_rows}
-            events += [
-                _event(
-                    pk,
-                    now,
-                    by_job_id[job_id]["state"],
-                    by_job_id[job_id]["reason"],
-                    "seen by the poller",
+    if new_rows or updated or events:  # a quiet round writes nothing
+        with transaction.atomic():
+            if new_rows:
+                bulk_insert(Job, new_rows)
+                new_ids = Job.objects.filter(cluster=cluster, update_time=now).values_list(
+                    "id", "job_id"
                 )
-                for pk, job_id in new_ids
-                if job_id in by_job_id
-            ]
-        bulk_update(list(updated.values()), sorted(fields))
-        bulk_insert(JobEvent, events)
+                by_job_id = {row["job_id"]: row for row in new_rows}
+                events += [
+                    _event(
+                        pk,
+                        now,
+                        by_job_id[job_id]["state"],
+                        by_job_id[job_id]["reason"],
+                        "seen by the poller",
+                    )
+                    for pk, job_id in new_ids
+                    if job_id in by_job_id
+                ]
+            bulk_update(list(updated.values()), sorted(fields))
+            bulk_insert(JobEvent, events)
     leaver_pks = {job.pk for job in leavers}
     updates = sum(1 for pk in updated if pk not in leaver_pks)
     return {"created": len(new_rows), "updated": updates, "gone": gone}

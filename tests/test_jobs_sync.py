@@ -202,6 +202,45 @@ def test_a_round_reads_the_queue_and_unsettled_rows_only(cluster, django_assert_
     assert "old" not in str(list(Job.objects.filter(settled=False).values_list("name")))
 
 
+def test_an_ended_job_settles_while_slurm_still_shows_it_and_rounds_then_skip_it(cluster):
+    """slurmctld keeps an ended job for MinJobAge (5 minutes): its final record is taken
+    the round it is seen ended, and later rounds read no more than its requeue count."""
+    jobs_sync(cluster=cluster, queue=[qjob("1", "RUNNING"), qjob("2", "RUNNING")])
+    sacct = records(**{"1": acct("1", elapsed_s=9), "2": acct("2", "RUNNING")})
+    ended = [qjob("1", "COMPLETED"), qjob("2", "COMPLETED")]
+    jobs_sync(cluster=cluster, queue=ended, accounting=sacct)
+    assert sacct.calls == [["1", "2"]]
+    one, two = Job.objects.get(job_id="1"), Job.objects.get(job_id="2")
+    assert (one.state, one.elapsed_s, one.settled) == ("COMPLETED", 9, True)
+    # slurmdbd behind (its record still running): squeue's end stands, asked again.
+    assert (two.state, two.settled) == ("COMPLETED", False)
+
+    sacct = records(**{"2": acct("2")})
+    jobs_sync(cluster=cluster, queue=ended, accounting=sacct)
+    assert Job.objects.get(job_id="2").settled and sacct.calls == [["2"]]
+    with CaptureQueriesContext(connection) as ctx:
+        stats = jobs_sync(cluster=cluster, queue=ended, accounting=sacct)
+    assert stats == {"created": 0, "updated": 0, "gone": 0} and len(sacct.calls) == 1
+    assert len(ctx.captured_queries) <= 2, [q["sql"] for q in ctx.captured_queries]
+
+    # Requeued after it ended (its restart count moves): followed again, settled again.
+    jobs_sync(cluster=cluster, queue=[qjob("1", "PENDING", restart_count=1)], accounting=sacct)
+    one.refresh_from_db()
+    assert (one.state, one.requeue_count, one.settled) == ("PENDING", 1, False)
+    sacct = records(**{"1": acct("1", "FAILED", "1:0")})
+    again = [qjob("1", "FAILED", exit_code="1:0", restart_count=1)]
+    jobs_sync(cluster=cluster, queue=again, accounting=sacct)
+    one.refresh_from_db()
+    assert (one.state, one.exit_code, one.settled) == ("FAILED", "1:0", True)
+
+
+def test_without_accounting_an_ended_job_settles_as_squeue_ended_it(cluster):
+    jobs_sync(cluster=cluster, queue=[qjob("1", "RUNNING")])
+    jobs_sync(cluster=cluster, queue=[qjob("1", "TIMEOUT")], accounting=no_accounting)
+    job = Job.objects.get(job_id="1")
+    assert (job.state, job.settled) == ("TIMEOUT", True)
+
+
 def test_a_name_or_node_list_longer_than_its_column_is_cut_to_fit(cluster):
     # sbatch -J on the login node takes up to 1024 characters; the column holds 200.
     name, nodes = "n" * 1024, ",".join(f"sy-gpu-{i}" for i in range(0, 400, 2))
