@@ -14,10 +14,11 @@ class HealthConfig(AppConfig):
         from . import tasks  # noqa: F401 (registers the Celery tasks)
         from .fabric import fabric_check_execute, fabric_check_on_create
         from .repair import repair_execute, repair_operation_failed
-        from .retention import repairs_purge, reports_purge
+        from .retention import fabric_checks_purge, repairs_purge, reports_purge
 
         purge_register("health_reports", reports_purge, setting="MTC_RETENTION_HEALTH_REPORTS_DAYS")
         purge_register("repairs", repairs_purge, setting="MTC_RETENTION_REPAIRS_DAYS")
+        purge_register("fabric_checks", fabric_checks_purge, setting="MTC_RETENTION_REPAIRS_DAYS")
 
         operation_kind_register(
             OperationKind.REPAIR_NODE, repair_execute, on_fail=repair_operation_failed

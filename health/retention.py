@@ -3,7 +3,8 @@
 Health reports: every one for MTC_RETENTION_HEALTH_REPORTS_FULL_DAYS (default 1), then
 one per node, source and hour until MTC_RETENTION_HEALTH_REPORTS_DAYS (default 14),
 then none. Finished repairs and resolved failures: MTC_RETENTION_REPAIRS_DAYS (default
-180); an open failure or an active repair is never purged, however old.
+180); an open failure or an active repair is never purged, however old. Finished fabric
+checks: the same age, except each cluster's latest (its nodes' last fabric figures).
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from mtc.retention import BATCH, Budget, batched_delete
 
 from .choices import REPAIR_ACTIVE_STATES, FailureState
-from .models import HealthReport, NodeFailure, Repair
+from .models import FabricCheck, HealthReport, NodeFailure, Repair
 
 
 def _full_days() -> float:
@@ -84,3 +85,15 @@ def repairs_purge(cutoff: datetime, budget: Budget) -> int:
         budget,
     )
     return repairs + failures
+
+
+def fabric_checks_purge(cutoff: datetime, budget: Budget) -> int:
+    """Finished fabric checks that ended (or, never ended, were made) before ``cutoff``;
+    a running check and each cluster's latest stay."""
+    latest = FabricCheck.objects.filter(cluster=OuterRef("cluster")).order_by("-create_time", "-id")
+    return batched_delete(
+        FabricCheck.objects.exclude(state=FabricCheck.State.RUNNING)
+        .filter(Q(end_time__lt=cutoff) | Q(end_time__isnull=True, create_time__lt=cutoff))
+        .exclude(pk=Subquery(latest.values("pk")[:1])),
+        budget,
+    )

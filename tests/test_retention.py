@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodePool, Operation
 from health import selectors as health_selectors
-from health.models import HealthReport, NodeFailure, Repair
+from health.models import FabricCheck, HealthReport, NodeFailure, Repair
 from jobs.models import Job, JobEvent, JobMetric
 from mtc import retention
 from mtc.tasks import retention_purge
@@ -264,6 +264,25 @@ def test_repairs_failures_and_reports_past_their_age_go_the_fleet_figures_read_t
     assert retention_purge().get("repairs", 0) == 0
 
 
+def test_old_fabric_checks_go_a_running_one_and_each_clusters_latest_stay(ages):
+    now = timezone.now()
+    first, second = _cluster("fa"), _cluster("fb")
+
+    def check(cluster, days, state="PASSED"):
+        made = FabricCheck.objects.create(cluster=cluster, trigger="on-demand", state=state)
+        ended = None if state == "RUNNING" else now - days * DAY
+        FabricCheck.objects.filter(pk=made.pk).update(create_time=now - days * DAY, end_time=ended)
+        return made.pk
+
+    old = [check(first, 90), check(first, 60, "FAILED")]
+    running = check(first, 70, "RUNNING")
+    recent = check(first, 2)
+    only = check(second, 100)  # the cluster's latest, however old
+    assert retention_purge()["fabric_checks"] == 2
+    kept = set(FabricCheck.objects.values_list("pk", flat=True))
+    assert kept == {running, recent, only} and not kept & set(old)
+
+
 def test_the_fleet_window_shrinks_to_a_shorter_retention(ages, operator, client):
     ages.MTC_RETENTION_REPAIRS_DAYS = 3
     window = health_selectors.fleet_window()
@@ -369,6 +388,7 @@ def test_each_purge_is_registered_with_its_setting():
         "jobs": "MTC_RETENTION_JOBS_DAYS",
         "health_reports": "MTC_RETENTION_HEALTH_REPORTS_DAYS",
         "repairs": "MTC_RETENTION_REPAIRS_DAYS",
+        "fabric_checks": "MTC_RETENTION_REPAIRS_DAYS",
         "endpoint_requests": "MTC_RETENTION_ENDPOINT_REQUESTS_DAYS",
         "endpoint_history": "MTC_RETENTION_ENDPOINT_HISTORY_DAYS",
         "logs": "MTC_RETENTION_LOGS_DAYS",
