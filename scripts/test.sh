@@ -180,7 +180,8 @@ if [[ ,$PASSES, == *,sqlite,* ]]; then
       PG_PID=$!
     fi
     echo "== pytest (SQLite)"
-    $PY -m pytest -m "not image" || rc=$?
+    # The slowest tests named at the end: where the suite's time goes, run by run.
+    $PY -m pytest -m "not image" --durations=20 || rc=$?
     wait "$IMAGE_PID"
     image_rc=$?
     IMAGE_PID=""
