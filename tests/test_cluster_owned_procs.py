@@ -1,5 +1,6 @@
-"""Deleting a local cluster ends its daemons and its jobs' processes, and nothing else:
-another user's shell whose environment has the cluster's SLURM_CONF keeps running."""
+"""Deleting a local cluster ends its daemons and its jobs' processes (also one no
+slurmstepd leads to any more), and nothing else: another user's shell whose environment
+has the cluster's SLURM_CONF keeps running."""
 
 import os
 import random
@@ -78,8 +79,14 @@ def test_delete_ends_only_what_the_cluster_owns(local_clusters, operator_api, ot
         extra_groups=[],
         start_new_session=True,
     )
+    # A job process no slurmstepd leads to (its step went first): in its own session.
+    orphan = subprocess.Popen(
+        ["env", f"SLURM_CONF={conf}", f"SLURM_JOB_ID={job_id}", "sleep", "600"],
+        start_new_session=True,
+    )
     try:
         _poll(lambda: b"sleep 600; :" in procs._read(f"/proc/{shell.pid}/cmdline"), "the shell")
+        _poll(lambda: b"SLURM_JOB_ID" in procs._read(f"/proc/{orphan.pid}/environ"), "the orphan")
         daemons = [
             procs.pid_from_file(root / "run" / f)
             for f in ("slurmctld.pid", "munged.pid", "slurmd-own1-gpu-0.pid")
@@ -96,9 +103,13 @@ def test_delete_ends_only_what_the_cluster_owns(local_clusters, operator_api, ot
         assert [p for p in daemons if procs.is_running(p)] == []
         assert [p for p in job_pids if procs.is_running(p)] == []
         assert not procs.is_running(throttle)
+        assert orphan.wait(timeout=10) is not None  # ended with the cluster
         assert _job_task_pids(job_id) == []
         assert shell.poll() is None and procs.is_running(shell.pid)  # the user's shell lives
         assert shell.pid in procs.processes_mentioning(str(root))
     finally:
         os.killpg(shell.pid, signal.SIGKILL)  # the shell and its sleep
         shell.wait()
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()

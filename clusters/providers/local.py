@@ -495,6 +495,10 @@ class LocalProvider(LocalNodes, Provider):
         )
         pids = {pid for pid in daemons if pid} | owned.cluster_owned(root)
         left = procs.stop(sorted(pids))
+        # Once more for what was born meanwhile (a batch script's srun as its node went).
+        late = owned.cluster_owned(root) - pids
+        if late:
+            left += procs.stop(sorted(late))
         _reap_restd()
         if left:
             raise ProviderError(f"processes {left} would not stop", code="DAEMON_STOP_FAILED")
