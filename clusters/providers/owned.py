@@ -143,13 +143,8 @@ def orphaned_job_processes(conf: str) -> set[int]:
     """Job processes of the cluster no slurmstepd leads to any more (a batch script's
     srun whose step went first): their environment names a job of this cluster (its
     SLURM_CONF and a SLURM_JOB_ID). A shell that only has the SLURM_CONF is left be."""
-    same_cluster = f"SLURM_CONF={conf}\0".encode()
-    me = os.getpid()
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        environ = procs._read(f"/proc/{entry}/environ") + b"\0"
-        if same_cluster in environ and b"\0SLURM_JOB_ID=" in b"\0" + environ:
-            found.add(int(entry))
-    return found
+    return {
+        pid
+        for pid in procs.processes_mentioning(f"SLURM_CONF={conf}\0")
+        if b"\0SLURM_JOB_ID=" in b"\0" + procs._read(f"/proc/{pid}/environ")
+    }
