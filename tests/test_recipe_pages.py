@@ -27,6 +27,7 @@ from recipes.forms import JOB_FIELDS, RecipeLaunchForm, body_digest
 from recipes.views import recipe_job_series, training_figures
 
 from .conftest import make_spec
+from .pages import assert_loads_nothing_remote
 
 pytestmark = pytest.mark.django_db
 
@@ -487,7 +488,7 @@ def test_recipe_job_page_has_the_training_card_and_chart_data(user_client, user,
     assert "reward" not in series
     assert f'<script src="{reverse("plotly-js")}" defer></script>' in text
     assert '<script src="/static/mtc-charts.js" defer></script>' in text
-    assert "cdn" not in text.lower()
+    assert_loads_nothing_remote(text)
     assert 'data-metrics-url="/api/v1/clusters/rc/jobs/7/metrics"' in text
 
 

@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from jobs.models import Job
 
+from .pages import assert_loads_nothing_remote
 from .test_pages import make_cluster
 
 pytestmark = pytest.mark.django_db
@@ -172,7 +173,8 @@ def test_usage_page_table_totals_and_csv(jobs, user):
     total = text.split('data-testid="usage-total"')[1].split("</tr>")[0]
     assert "6.00" in total and "7.00" in total and ">4<" in total
     assert 'id="usage-data"' in text and "/vendor/plotly.min.js" in text
-    assert "cdn" not in text.lower() and '"barmode": "stack"' not in text  # drawn client-side
+    assert '"barmode": "stack"' not in text  # drawn client-side
+    assert_loads_nothing_remote(text)
     response = client.get("/usage.csv", query)
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
     lines = list(csv.reader(io.StringIO(response.content.decode())))
