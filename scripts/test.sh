@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: a private data dir and Redis on a free port, Django's checks, ruff,
-# then pytest twice: every test on SQLite, then the tests that use the database on a
+# then pytest twice: every test on SQLite (a whole run: the Slurm and browser tests in
+# one lane, the rest in another beside it), then the tests that use the database on a
 # private PostgreSQL (its own data dir and port); afterwards stop every process the
 # tests left under the data dir. The SQLite pass gets Slurm accounting: a private
 # MariaDB + slurmdbd (mtc/accounting.py) that every test cluster registers with
@@ -18,12 +19,15 @@ done
 TEST_TMP=$(mktemp -d /tmp/mtc-test.XXXXXX)
 # Jobs run as their owners' accounts: they pass through (never list) the run's dir.
 chmod 0711 "$TEST_TMP"
-# Each run makes its Unix accounts in its own block of 200 uids, so runs side by side
-# never share one; the SQLite pass takes the first 120, the PostgreSQL pass the other
-# 80 (neither adopts the other's accounts); cleanup removes the whole block.
-UID_BLOCK=$(( 30000 + ( $(printf '%s' "$TEST_TMP" | cksum | cut -d' ' -f1) % 150 ) * 200 ))
+# Each run makes its Unix accounts in its own block of 300 uids, so runs side by side
+# never share one; the SQLite pass's Slurm lane takes the first 120, its database lane
+# the next 90, the PostgreSQL pass the last 90 (none adopts another's accounts);
+# cleanup removes the whole block.
+UID_BLOCK=$(( 30000 + ( $(printf '%s' "$TEST_TMP" | cksum | cut -d' ' -f1) % 100 ) * 300 ))
+UID_BLOCK_END=$((UID_BLOCK + 299))
 export MTC_UID_RANGE="$UID_BLOCK-$((UID_BLOCK + 119))"
-PG_UID_RANGE="$((UID_BLOCK + 120))-$((UID_BLOCK + 199))"
+DB_LANE_UID_RANGE="$((UID_BLOCK + 120))-$((UID_BLOCK + 209))"
+PG_UID_RANGE="$((UID_BLOCK + 210))-$UID_BLOCK_END"
 export MTC_DATA_DIR="$TEST_TMP/data"
 export MTC_CELERY_EAGER=1
 # Tests run node checks on demand; agent daemons on every test node would only
@@ -43,6 +47,7 @@ PG_DIR="$TEST_TMP/pg"
 PG_STARTED=""
 IMAGE_PID=""
 PG_PID=""
+DB_LANE_PID=""
 # initdb's superuser: the account its commands run as, so peer auth lets them in.
 PG_SUPER=postgres
 ((EUID == 0)) || PG_SUPER=$(id -un)
@@ -97,6 +102,7 @@ cleanup() {
   # An interrupted run: the image tests' pytest (its fixture unmounts the chroot).
   [[ -n ${IMAGE_PID:-} ]] && kill "$IMAGE_PID" 2>/dev/null && wait "$IMAGE_PID"
   [[ -n ${PG_PID:-} ]] && pkill -P "$PG_PID" 2>/dev/null && wait "$PG_PID"
+  [[ -n ${DB_LANE_PID:-} ]] && pkill -P "$DB_LANE_PID" 2>/dev/null && wait "$DB_LANE_PID"
   [[ -n $ACCT_STARTED ]] && $PY -m mtc.accounting stop "$ACCT_DIR"
   [[ -n $PG_STARTED ]] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" stop -m fast -s
   # Slurm daemons and job steps the tests started all mention the data dir.
@@ -108,7 +114,7 @@ if left:
     print(f"test: stopping {len(left)} leftover process(es)")
     procs.stop(left)
 PYEOF
-  getent passwd | awk -F: -v lo="$UID_BLOCK" -v hi="$((UID_BLOCK + 199))" \
+  getent passwd | awk -F: -v lo="$UID_BLOCK" -v hi="$UID_BLOCK_END" \
     '$3 >= lo && $3 <= hi {print $1}' | while read -r name; do
     userdel "$name" 2>/dev/null; groupdel "$name" 2>/dev/null
   done
@@ -148,8 +154,18 @@ fi
 pg_pass() {
   mkdir -p "$TEST_TMP/data-pg"
   DATABASE_URL=$PG_URL MTC_TEST_DB_ONLY=1 MTC_UID_RANGE=$PG_UID_RANGE \
-    MTC_DATA_DIR="$TEST_TMP/data-pg" REDIS_URL="${REDIS_URL%/*}/1" \
+    MTC_DATA_DIR="$TEST_TMP/data-pg" REDIS_URL="${REDIS_URL%/*}/1" MTC_TEST_LANE=postgres \
     $PY -m pytest -m "not slurm and not browser" "$@"
+}
+# A whole run's SQLite pass runs in two lanes side by side: the Slurm and browser tests
+# (93 of ~990, ~16 minutes mostly spent waiting on daemons and jobs) and every other test
+# (CPU-bound, ~7 minutes), which gets its own data dir (so its own SQLite test database),
+# Redis database and uids, as the PostgreSQL pass does.
+db_lane() {
+  mkdir -p "$TEST_TMP/data-db"
+  MTC_UID_RANGE=$DB_LANE_UID_RANGE MTC_DATA_DIR="$TEST_TMP/data-db" \
+    REDIS_URL="${REDIS_URL%/*}/2" MTC_TEST_LANE=db \
+    $PY -m pytest -m "not slurm and not browser and not image" "$@"
 }
 pg_rc_merge() {
   if (($1 == 5)); then
@@ -168,10 +184,11 @@ fi
 if [[ ,$PASSES, == *,sqlite,* ]]; then
   if (($# == 0)); then
     # A whole run: the node image's chroot tests (marker image: apt and pip in a Debian
-    # 12 chroot, minutes mostly spent waiting on downloads and disk) and the PostgreSQL
-    # pass (CPU-bound, no Slurm) run beside the SQLite pass, at a lower priority: the
-    # SQLite pass's Slurm tests spend much of their time waiting, and its timing-
-    # sensitive tests (stragglers, fabric, speed checks) keep the CPU when they need it.
+    # 12 chroot, minutes mostly spent waiting on downloads and disk), the SQLite pass's
+    # database lane and the PostgreSQL pass (CPU-bound, no Slurm) run beside the Slurm
+    # lane, at a lower priority: the Slurm tests spend much of their time waiting, and
+    # the timing-sensitive ones (stragglers, fabric, speed checks) keep the CPU when they
+    # need it.
     nice -n 10 $PY -m pytest -q -m image tests/test_gce_image.py >"$TEST_TMP/image-tests.log" 2>&1 &
     IMAGE_PID=$!
     if [[ ,$PASSES, == *,postgres,* ]]; then
@@ -179,9 +196,18 @@ if [[ ,$PASSES, == *,sqlite,* ]]; then
         >"$TEST_TMP/pg-tests.log" 2>&1 &
       PG_PID=$!
     fi
-    echo "== pytest (SQLite)"
+    (renice -n 10 -p $BASHPID >/dev/null; db_lane -q --durations=5) \
+      >"$TEST_TMP/db-lane-tests.log" 2>&1 &
+    DB_LANE_PID=$!
+    echo "== pytest (SQLite: Slurm and browser tests)"
     # The slowest tests named at the end: where the suite's time goes, run by run.
-    $PY -m pytest -m "not image" --durations=20 || rc=$?
+    $PY -m pytest -m "(slurm or browser) and not image" --durations=20 || rc=$?
+    wait "$DB_LANE_PID"
+    db_rc=$?
+    DB_LANE_PID=""
+    echo "== pytest (SQLite: every other test, beside the Slurm tests)"
+    cat "$TEST_TMP/db-lane-tests.log"
+    if ((db_rc != 0 && rc == 0)); then rc=$db_rc; fi
     wait "$IMAGE_PID"
     image_rc=$?
     IMAGE_PID=""

@@ -30,13 +30,17 @@ ADMIN_DN = f"cn=admin,{SUFFIX}"
 PEOPLE_NAMES = ("alice", "bob", "carol")
 
 
+# `make test`'s lanes that run side by side (scripts/test.sh sets MTC_TEST_LANE): each
+# draws its directory's uids from its own third of 31000-58899.
+LANES = ("", "db", "postgres")
+
+
 def run_block(seed: str) -> tuple[str, int]:
-    """(name prefix, first uidNumber) for this run: a block of 100 in 31000-58999. The
-    PostgreSQL pass (MTC_TEST_DB_ONLY) draws from the upper half, the SQLite pass beside
-    it from the lower: the two passes of one run never share a block."""
+    """(name prefix, first uidNumber) for this run: a block of 100 in its lane's third,
+    so the lanes of one run never share a block."""
     crc = zlib.crc32(seed.encode())
-    half = 14000 if os.environ.get("MTC_TEST_DB_ONLY") else 0
-    return f"l{crc & 0xFFFF:04x}", 31000 + half + (crc >> 16) % 140 * 100
+    third = LANES.index(os.environ.get("MTC_TEST_LANE", "")) * 9300
+    return f"l{crc & 0xFFFF:04x}", 31000 + third + (crc >> 16) % 93 * 100
 
 
 @dataclass
