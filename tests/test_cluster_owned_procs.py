@@ -3,7 +3,6 @@ slurmstepd leads to any more), and nothing else: another user's shell whose envi
 has the cluster's SLURM_CONF keeps running."""
 
 import os
-import random
 import signal
 import subprocess
 
@@ -12,6 +11,7 @@ import pytest
 from clusters.providers import procs
 
 from .conftest import cluster_root, make_spec
+from .unix import spare_uids
 from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -19,10 +19,10 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture
 def other_user():
-    """A temporary Unix account in a random uid block (other agents share this host)."""
+    """A temporary Unix account of its own."""
     if os.geteuid() != 0:
         pytest.skip("useradd needs root")
-    uid = random.randrange(30000, 60000)
+    uid = spare_uids()
     name = f"mtcown{uid}"
     subprocess.run(
         ["useradd", "--uid", str(uid), "--no-create-home", "--shell", "/bin/sh", name], check=True

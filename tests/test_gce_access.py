@@ -9,11 +9,9 @@ from __future__ import annotations
 import copy
 import json
 import os
-import random
 import re
 import shlex
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from identity.sources.base import AccountData
 
 from .gce_fake import FakeCompute  # noqa: F401  (the provider fixture lives in test_gce_provider)
 from .test_gce_provider import CID, a3u_spec, compute, operation  # noqa: F401
+from .unix import spare_uids
 
 ACCOUNTS = [
     AccountData(name="bob", uid=20002, gid=20002, home="/home/bob"),
@@ -203,7 +202,7 @@ def _account_section(script: str) -> str:
 def test_the_account_part_of_the_startup_script_makes_the_accounts_idempotently(tmp_path):
     """The rendered section, run for real: fixed uids and gids, a 0700 home, a second
     boot changes nothing, and an existing name with another uid fails the boot."""
-    base = random.Random(tempfile.gettempdir() + str(tmp_path)).randrange(30000, 59000, 10)
+    base = spare_uids(2)
     prefix = f"mtcg{base}"
     accounts = [
         AccountData(name=f"{prefix}a", uid=base, gid=base, home=str(tmp_path / "a")),

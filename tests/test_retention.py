@@ -227,10 +227,10 @@ def test_repairs_failures_and_reports_past_their_age_go_the_fleet_figures_read_t
     recent_failure = failure("RESOLVED", now - 2 * DAY, now - 2 * DAY + timedelta(hours=1))
     recent = repair("SUCCEEDED", now - 2 * DAY, now - 2 * DAY + timedelta(hours=1), recent_failure)
     for days in (20, 5, 0):  # past the reports' age, in the hourly stretch, fresh
-        for minute in (1, 2):
-            HealthReport.objects.create(
-                node=node, time=now - days * DAY + timedelta(minutes=minute)
-            )
+        # Two reports in one clock hour (its minutes 10 and 11, whatever minute it is now).
+        hour = (now - days * DAY).replace(minute=10, second=0, microsecond=0)
+        for minute in (0, 1):
+            HealthReport.objects.create(node=node, time=hour + timedelta(minutes=minute))
 
     # Goodput's inputs: a recipe job that ran in the window, one long before it.
     for days in (45, 3):
