@@ -228,7 +228,9 @@ def jobs_sync(
     if new_rows or updated or events:  # a quiet round writes nothing
         with transaction.atomic():
             if new_rows:
-                bulk_insert(Job, new_rows)
+                # A submit may have recorded one of them since `existing` was read (sbatch
+                # answered, squeue showed it, the submit's row committed): its row stands.
+                bulk_insert(Job, new_rows, skip_existing=True)
                 new_ids = Job.objects.filter(cluster=cluster, update_time=now).values_list(
                     "id", "job_id"
                 )

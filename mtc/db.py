@@ -5,6 +5,7 @@ are prepared, and the rows go to the database in one executemany."""
 from __future__ import annotations
 
 from django.db import connection, models
+from django.db.models.constants import OnConflict
 
 # Field types whose Python values the database driver cannot take as they are.
 _PREPARED = (
@@ -16,8 +17,12 @@ _PREPARED = (
 )
 
 
-def bulk_insert(model: type[models.Model], rows: list[dict]) -> None:
-    """Insert ``rows`` (field name -> value); fields not given take their defaults."""
+def bulk_insert(
+    model: type[models.Model], rows: list[dict], *, skip_existing: bool = False
+) -> None:
+    """Insert ``rows`` (field name -> value); fields not given take their defaults.
+    skip_existing: a row that a unique constraint says is there already is left out
+    (ON CONFLICT DO NOTHING) instead of failing the whole statement."""
     if not rows:
         return
     fields = [f for f in model._meta.concrete_fields if not f.primary_key]
@@ -26,7 +31,13 @@ def bulk_insert(model: type[models.Model], rows: list[dict]) -> None:
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
     marks = ", ".join(["%s"] * len(fields))
     table = connection.ops.quote_name(model._meta.db_table)
-    sql = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+    on_conflict = OnConflict.IGNORE if skip_existing else None
+    sql = (
+        f"{connection.ops.insert_statement(on_conflict=on_conflict)} {table} ({columns})"
+        f" VALUES ({marks})"
+    )
+    if skip_existing:
+        sql += " " + connection.ops.on_conflict_suffix_sql(fields, on_conflict, None, None)
     params = []
     for row in rows:
         values = []

@@ -330,3 +330,23 @@ def test_the_job_page_shows_accounting(cluster, operator):
     page = browser.get("/clusters/sy/jobs/1/").content.decode()
     assert "ran 1:02:05" in page and "CPU time 0:03" in page and "8 GPUs allocated" in page
     assert "90.6" in page  # max memory, 95,000,000 bytes as MB
+
+
+def test_a_job_the_submit_recorded_while_the_round_ran_does_not_undo_the_round(cluster, user):
+    """squeue shows a job its submit has not recorded yet; the submit's row commits before
+    the round writes: the round keeps its other work, the submit's row stays as it made it."""
+    jobs_sync(cluster=cluster, queue=[qjob("1", "RUNNING")])
+    sacct = records(**{"1": acct("1")})
+
+    def submit_commits_meanwhile(job_ids):
+        Job.objects.create(
+            cluster=cluster, job_id="2", job_number=2, name="mine", owner=user, state="PENDING"
+        )
+        return sacct(job_ids)
+
+    stats = jobs_sync(cluster=cluster, queue=[qjob("2")], accounting=submit_commits_meanwhile)
+    assert stats["gone"] == 1
+    assert Job.objects.get(job_id="1").state == "COMPLETED"  # the round's work landed
+    mine = Job.objects.get(job_id="2")
+    assert (mine.name, mine.owner) == ("mine", user)
+    assert not mine.events.exists()  # no "seen by the poller" for the submit's row
