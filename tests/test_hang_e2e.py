@@ -12,7 +12,7 @@ from clusters.providers import get_provider
 from health.faults import fault_clear, fault_inject
 from health.models import NodeFailure
 from jobs.models import Job, JobEvent, JobHang
-from jobs.sync import jobs_sync
+from jobs.tasks import jobs_round
 from recipes.tasks import recipe_round
 
 from .conftest import make_spec
@@ -31,7 +31,9 @@ def cluster(local_clusters, settings):
 
 
 def poller(cluster) -> None:
-    jobs_sync(cluster=cluster)
+    # The job poller's round (its sync, then requeued jobs released: without that, mtc's
+    # requeue waits out Slurm's ~2-minute hold), then the recipes' (metrics, hangs).
+    jobs_round(cluster)
     recipe_round(cluster)
 
 
