@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import grp
-import pwd
 import random
+
+from identity.sources.local import id_free
 
 # Above every block `make test`'s lanes (MTC_UID_RANGE) and LDAP directories draw from
 # (30000-59999), and below nobody (65534): a test's own account never takes a uid that
@@ -12,20 +12,10 @@ import random
 SPARE_UIDS = range(61000, 65000)
 
 
-def _free(number: int) -> bool:
-    for lookup in (pwd.getpwuid, grp.getgrgid):
-        try:
-            lookup(number)
-            return False
-        except KeyError:
-            pass
-    return True
-
-
 def spare_uids(count: int = 1) -> int:
     """The first of `count` consecutive numbers no account or group on this host has."""
     for _ in range(200):
         base = random.randrange(SPARE_UIDS.start, SPARE_UIDS.stop - count)
-        if all(_free(base + n) for n in range(count)):
+        if all(id_free(base + n) for n in range(count)):
             return base
     raise RuntimeError(f"no {count} free uids in {SPARE_UIDS}")

@@ -51,7 +51,8 @@ def _name_free(name: str) -> bool:
     return True
 
 
-def _id_free(number: int) -> bool:
+def id_free(number: int) -> bool:
+    """Whether no account and no group on this host has this number."""
     for lookup in (pwd.getpwuid, grp.getgrgid):
         try:
             lookup(number)
@@ -123,7 +124,7 @@ def account_create(*, username: str, taken_uids: Iterable[int] = ()) -> AccountD
     start = int(hashlib.sha1(username.encode()).hexdigest(), 16) % span
     for step in range(span):
         uid = low + (start + step) % span
-        if uid in taken or not _id_free(uid):
+        if uid in taken or not id_free(uid):
             continue
         name = username if is_posix_name(username) else derived_name(username, uid)
         if not _name_free(name):  # the username is someone else's already
