@@ -85,10 +85,9 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["cluster", "-job_number", "array_task_id"]),
             models.Index(fields=["cluster", "state"]),
-            # The poller's round: the rows still waiting for their final record.
-            models.Index(
-                fields=["cluster"], condition=models.Q(settled=False), name="job_unsettled"
-            ),
+            # The poller's round: the rows still waiting for their final record (queried
+            # as `settled IN (false)`: jobs.sync._rows says why).
+            models.Index(fields=["cluster", "settled"], name="job_settled"),
             models.Index(fields=["cluster", "owner"]),
             # The retention purge: finished jobs by their end, across clusters.
             models.Index(fields=["state", "end_time"]),

@@ -240,7 +240,9 @@ def jobs_release_requeued(*, cluster: Cluster) -> int:
             state=JobState.PENDING,
             reason="BeginTime",
             requeue_count__gt=0,
-        ).values_list("id", "job_id")
+        )
+        .order_by()  # jobs.sync._rows: Job's ordering would make SQLite walk the history
+        .values_list("id", "job_id")
     )
     if not held:
         return 0

@@ -108,7 +108,13 @@ def _rows(cluster: Cluster, queue: list[QueueJob]) -> tuple[dict[str, Job], set[
         "gone_time",
         *SYNCED,
     )
-    rows = {job.job_id: job for job in base.filter(settled=False)}
+    # No ORDER BY (Job's default one): SQLite would walk the whole history in the
+    # (cluster, job number) index to skip a sort, instead of using the index that finds
+    # the few rows asked for (the unsettled ones, or ids through the unique one).
+    base = base.order_by()
+    # `settled IN (false)`, not Django's `NOT settled`: an equality on the index's second
+    # column, which SQLite's planner picks with or without ANALYZE's statistics.
+    rows = {job.job_id: job for job in base.filter(settled__in=[False])}
     ended = {q.job_id: q.restart_count for q in queue if q.state not in ACTIVE_STATES}
     done: set[str] = set()
     ids = sorted(ended.keys() - rows.keys())

@@ -416,13 +416,16 @@ def hang_nodes_mark(cluster) -> int:
     requeue still completes there would leave that job COMPLETING on it. A hang that
     could not be requeued marks its node at once (the repair then requeues the job)."""
     marked = 0
+    # The few unmarked hangs of every cluster, this one's picked here: asked with the
+    # cluster's jobs joined, SQLite walked the cluster's whole job history for them.
     hangs = JobHang.objects.filter(
-        job__cluster=cluster,
         node_marked=False,
         state__in=(JobHang.REQUEUED, JobHang.NOT_REQUEUED),
     ).exclude(node="")
     client = None
     for hang in hangs.select_related("job"):
+        if hang.job.cluster_id != cluster.pk:
+            continue
         waited = (timezone.now() - hang.detected_time).total_seconds()
         if hang.state == JobHang.REQUEUED and waited < MARK_AFTER_S:
             client = client or get_provider(cluster.provider).slurm(cluster)
@@ -452,6 +455,7 @@ def recipe_hangs_check(
         .exclude(recipe="")
         .exclude(checkpoint_dir="")
         .select_related("cluster")
+        .order_by()  # the (cluster, state) index, not a walk of the history (jobs.sync._rows)
     )
     for job in jobs:
         try:

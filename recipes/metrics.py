@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from jobs.choices import ACTIVE_STATES
 from jobs.models import Job, JobEvent, JobMetric
 
 log = logging.getLogger(__name__)
@@ -17,6 +19,9 @@ MAX_READ = 4 * 1024 * 1024  # per poll and job; the rest waits for the next poll
 SUMMARY_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "reward")
 # From the run's start event: what it read of its data (node/train/train.py).
 DATASET_KEYS = ("dataset_documents", "dataset_tokens")
+# How long after its end a job's metrics file is still read (its last lines, written as
+# it ended, reach a shared filesystem's readers late).
+FINAL_WINDOW = timedelta(minutes=10)
 
 
 def _time(value) -> datetime | None:
@@ -143,22 +148,30 @@ def job_metrics_ingest(job: Job) -> int:
 
 
 def recipe_jobs_ingest(cluster) -> int:
-    """Every recipe job of the cluster whose metrics file has grown."""
+    """Every recipe job of the cluster whose metrics file may still grow (queued or
+    running, not settled yet, or ended in the last FINAL_WINDOW: the lines its last
+    seconds wrote) and has grown. One query per term, each an equality or a range on
+    one index, so a round reads the live jobs, not the cluster's history (SQLite's
+    planner, without statistics, scans the cluster's rows for the three terms OR-ed)."""
     added = 0
-    for job in (
-        Job.objects.filter(cluster=cluster)
-        .exclude(recipe="")
-        .exclude(checkpoint_dir="")
-        .only(
-            "id",
-            "job_id",
-            "state",
-            "checkpoint_dir",
-            "metrics",
-            "metrics_offset",
-            "cluster_id",
-            "recipe",
-        )
+    recipe_jobs = Job.objects.filter(cluster=cluster).exclude(recipe="").exclude(checkpoint_dir="")
+    may_grow = (
+        Q(state__in=ACTIVE_STATES),
+        Q(settled__in=[False]),  # as jobs.sync._rows asks it
+        Q(end_time__gte=timezone.now() - FINAL_WINDOW),
+    )
+    ids: set[int] = set()
+    for term in may_grow:
+        ids.update(recipe_jobs.filter(term).order_by().values_list("id", flat=True))
+    for job in Job.objects.filter(pk__in=sorted(ids)).only(
+        "id",
+        "job_id",
+        "state",
+        "checkpoint_dir",
+        "metrics",
+        "metrics_offset",
+        "cluster_id",
+        "recipe",
     ):
         try:
             added += job_metrics_ingest(job)

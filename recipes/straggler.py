@@ -260,6 +260,7 @@ def recipe_stragglers_check(cluster) -> int:
         .exclude(recipe="")
         .exclude(checkpoint_dir="")
         .select_related("cluster")
+        .order_by()  # the (cluster, state) index, not a walk of the history (jobs.sync._rows)
     )
     for job in jobs:
         try:

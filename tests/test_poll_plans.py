@@ -1,0 +1,81 @@
+"""A poll round reads the live jobs, not the cluster's history: every query a round runs
+on the job table finds its rows through an index's equality or range past the cluster,
+or by key, on SQLite's planner as `make run` has it (no ANALYZE statistics). With
+Job's default ordering, or `NOT settled`, the planner walked every job the cluster ever
+had in the (cluster, job number) index each round (~16 ms a query at 30,000 jobs)."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from clusters.models import Cluster
+from jobs.choices import JobState
+from jobs.models import Job
+from jobs.services import jobs_release_requeued
+from jobs.sync import jobs_sync
+from recipes.tasks import recipe_round
+
+from .conftest import make_spec
+
+pytestmark = pytest.mark.django_db
+# A plan step that reads the job table by the cluster alone (its whole history), or all
+# of it.
+HISTORY_WALK = re.compile(r"^(SCAN jobs_job\b|SEARCH jobs_job USING .*\(cluster_id=\?\)$)")
+
+
+@pytest.fixture
+def cluster():
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plans; PostgreSQL plans from its own statistics")
+    cluster = Cluster.objects.create(cluster_id="pp", spec=make_spec("pp"), state="RUNNING")
+    old = timezone.now() - timedelta(days=3)
+    Job.objects.bulk_create(
+        Job(
+            cluster=cluster,
+            job_id=str(n),
+            job_number=n,
+            state=JobState.COMPLETED,
+            settled=True,
+            end_time=old,
+            recipe="llama-pretrain" if n % 2 else "",
+            checkpoint_dir=f"/nowhere/{n}" if n % 2 else "",
+        )
+        for n in range(1, 201)
+    )
+    return cluster
+
+
+def history_walks(queries) -> list[str]:
+    walks = []
+    with connection.cursor() as cursor:
+        for query in queries:
+            sql = query["sql"]
+            if not sql.startswith("SELECT") or '"jobs_job"' not in sql:
+                continue
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            steps = [row[-1] for row in cursor.fetchall()]
+            walks += [f"{step}  <-  {sql[:160]}" for step in steps if HISTORY_WALK.match(step)]
+    return walks
+
+
+def test_the_poll_rounds_find_their_jobs_by_index(cluster):
+    with CaptureQueriesContext(connection) as queries:
+        jobs_sync(cluster=cluster, queue=[], accounting=lambda ids: {})
+        jobs_release_requeued(cluster=cluster)
+        recipe_round(cluster)
+    assert len(queries) >= 5
+    assert history_walks(queries.captured_queries) == []
+
+
+def test_the_check_sees_a_walk():
+    """The check itself: Job's default ordering on the cluster's jobs is a walk."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's plans")
+    with CaptureQueriesContext(connection) as queries:
+        list(Job.objects.filter(cluster_id=1, state=JobState.RUNNING))
+        list(Job.objects.filter(cluster_id=1, settled=False).order_by())
+    assert len(history_walks(queries.captured_queries)) == 2
