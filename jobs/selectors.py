@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from django.db.models import Count, F, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet, Value
 
 from clusters.models import Cluster
 from clusters.runroot import run_root_or_none
@@ -33,10 +33,13 @@ def jobs_visible_to(user, cluster: Cluster) -> QuerySet[Job]:
     return qs if user.is_staff else qs.filter(owner=user)
 
 
-def job_rows(qs: QuerySet[Job], fields: tuple[str, ...]) -> QuerySet[dict]:
-    """The jobs of ``qs`` as dicts of ``fields`` plus ``cluster_name`` and ``owner_name``
-    (None for jobs from outside mtc): a list page reads no Job, User or Cluster objects."""
-    names = {"cluster_name": F("cluster__cluster_id"), "owner_name": F("owner__username")}
+def job_rows(qs: QuerySet[Job], fields: tuple[str, ...], *, cluster: Cluster) -> QuerySet[dict]:
+    """The jobs of ``qs`` (all of ``cluster``) as dicts of ``fields`` plus
+    ``cluster_name`` and ``owner_name`` (None for jobs from outside mtc): a list page
+    reads no Job, User or Cluster objects. The cluster's name is a constant, not a join:
+    with the cluster table joined, SQLite's planner (given ANALYZE's statistics) read
+    and sorted every job of the cluster for one page."""
+    names = {"cluster_name": Value(cluster.cluster_id), "owner_name": F("owner__username")}
     return qs.values(*fields, **names)
 
 

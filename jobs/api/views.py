@@ -62,7 +62,9 @@ def job_errors(invalid: str = "Invalid job"):
 
 class ClusterJobsMixin:
     def cluster(self) -> Cluster:
-        return get_object_or_404(Cluster, cluster_id=self.kwargs["cluster_id"])
+        if getattr(self, "_cluster", None) is None:  # one lookup a request
+            self._cluster = get_object_or_404(Cluster, cluster_id=self.kwargs["cluster_id"])
+        return self._cluster
 
     def job(self) -> Job:
         job_id = self.kwargs["job_id"]
@@ -94,7 +96,7 @@ class JobListView(ClusterJobsMixin, GenericAPIView):
     @extend_schema(operation_id="jobs_list", responses=JobSerializer(many=True))
     def get(self, request, cluster_id):
         qs = self.filter_queryset(self.get_queryset())
-        rows = selectors.job_rows(qs, JOB_ROW_FIELDS)
+        rows = selectors.job_rows(qs, JOB_ROW_FIELDS, cluster=self.cluster())
         rows.count_from = qs  # the same rows, counted without the joins that name them
         page = self.paginate_queryset(rows)
         return self.get_paginated_response([job_row_representation(row) for row in page])
