@@ -88,7 +88,13 @@ class Job(models.Model):
             # The poller's round: the rows still waiting for their final record (queried
             # as `settled IN (false)`: jobs.sync._rows says why).
             models.Index(fields=["cluster", "settled"], name="job_settled"),
-            models.Index(fields=["cluster", "owner"]),
+            # A user's own jobs, newest first: a page of them without walking everyone
+            # else's (tests/test_query_plans.py). Owner first, so that a list of all the
+            # cluster's jobs (an operator's) never takes it for its cluster prefix.
+            models.Index(
+                fields=["owner", "cluster", "-job_number", "array_task_id"],
+                name="job_owner_newest",
+            ),
             # The retention purge: finished jobs by their end, across clusters.
             models.Index(fields=["state", "end_time"]),
             # Usage: a cluster's finished jobs by their end (jobs.usage).

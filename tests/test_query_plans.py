@@ -102,3 +102,28 @@ def test_a_job_list_page_reads_its_rows_by_index(cluster, statistics, operator_a
         steps = [row[-1] for row in cursor.fetchall()]
     assert any("jobs_job_cluster_14a224_idx" in step for step in steps), steps
     assert not any(step.startswith(("SCAN jobs_job", "USE TEMP B-TREE")) for step in steps)
+
+
+@pytest.mark.parametrize("statistics", [False, True], ids=["as-made", "analyzed"])
+def test_a_users_job_list_page_skips_everyone_elses_jobs(cluster, statistics, user, user_api):
+    """A user's page reads their own jobs, newest first, from one index: the history of
+    everyone else's jobs on the cluster (200 here, of nobody) is not walked."""
+    Job.objects.bulk_create(
+        Job(cluster=cluster, job_id=str(n), job_number=n, owner=user, state=JobState.COMPLETED)
+        for n in range(1001, 1061)
+    )
+    if statistics:
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+    with CaptureQueriesContext(connection) as queries:
+        response = user_api.get("/api/v1/clusters/pp/jobs")
+    rows = response.json()["results"]
+    assert response.status_code == 200 and len(rows) == 50
+    assert rows[0]["job_id"] == "1060" and {row["owner"] for row in rows} == {user.username}
+    page = [q["sql"] for q in queries.captured_queries if "LIMIT 50" in q["sql"]]
+    assert len(page) == 1
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + page[0])
+        steps = [row[-1] for row in cursor.fetchall()]
+    assert any("job_owner_newest" in step for step in steps), steps
+    assert not any(step.startswith(("SCAN jobs_job", "USE TEMP B-TREE")) for step in steps)
