@@ -136,7 +136,11 @@ class Operation(models.Model):
 
     class Meta:
         ordering = ["-create_time"]
-        indexes = [models.Index(fields=["state"])]
+        indexes = [
+            models.Index(fields=["state"]),
+            # A page of the list, newest first, without sorting every operation kept.
+            models.Index(fields=["-create_time"], name="operation_newest"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.target} {self.state}"
