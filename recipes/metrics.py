@@ -19,9 +19,10 @@ MAX_READ = 4 * 1024 * 1024  # per poll and job; the rest waits for the next poll
 SUMMARY_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "reward")
 # From the run's start event: what it read of its data (node/train/train.py).
 DATASET_KEYS = ("dataset_documents", "dataset_tokens")
-# How long after its end a job's metrics file is still read (its last lines, written as
-# it ended, reach a shared filesystem's readers late).
-FINAL_WINDOW = timedelta(minutes=10)
+# How long after its end a job's metrics file is still read: its last lines, written as
+# it ended, reach a shared filesystem's readers late, and a poller that was down settles
+# the job (and so stops counting it as unsettled) before this round reads them.
+FINAL_WINDOW = timedelta(hours=1)
 
 
 def _time(value) -> datetime | None:
