@@ -134,3 +134,44 @@ def test_a_line_with_a_step_no_column_holds_is_skipped_and_the_rest_stored(tmp_p
     ) == [1, 2, 3]
     job.refresh_from_db()
     assert job.metrics["step"] == 3 and "last_checkpoint_step" not in job.metrics
+
+
+def test_a_round_reads_the_jobs_whose_metrics_may_still_grow(tmp_path, user):
+    """Queued or running, not settled yet, or ended within the hour: read. Settled and
+    ended long ago: its file is not even looked at (the round follows the live jobs)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from recipes.metrics import recipe_jobs_ingest
+
+    cluster = Cluster.objects.create(cluster_id="mw", spec=make_spec("mw"), state="RUNNING")
+    now = timezone.now()
+    cases = {
+        "running": dict(state="RUNNING", settled=False, end_time=None),
+        "ended-recently": dict(
+            state="COMPLETED", settled=True, end_time=now - timedelta(minutes=5)
+        ),
+        "ended-long-ago": dict(state="COMPLETED", settled=True, end_time=now - timedelta(hours=2)),
+        "not-settled-yet": dict(
+            state="COMPLETED", settled=False, end_time=now - timedelta(hours=2)
+        ),
+    }
+    jobs = {}
+    for number, (name, fields) in enumerate(cases.items(), start=1):
+        run = tmp_path / name
+        (run / "checkpoints").mkdir(parents=True)
+        write(run / "metrics.jsonl", {"step": 1, "loss": 2.0})
+        jobs[name] = Job.objects.create(
+            cluster=cluster,
+            job_id=str(number),
+            job_number=number,
+            name=name,
+            owner=user,
+            recipe="llama-pretrain",
+            checkpoint_dir=str(run / "checkpoints"),
+            **fields,
+        )
+    assert recipe_jobs_ingest(cluster) == 3
+    read = {name for name, job in jobs.items() if JobMetric.objects.filter(job=job).exists()}
+    assert read == {"running", "ended-recently", "not-settled-yet"}
