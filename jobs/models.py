@@ -7,6 +7,12 @@ from clusters.models import Cluster
 
 from .choices import ACTIVE_STATES, JobState
 
+# The rows still waiting for their final record, as `settled IN (false)`, not Django's
+# `NOT settled`: an equality on the (cluster, settled) index's second column, which
+# SQLite's planner picks with or without ANALYZE's statistics (`NOT settled` matches no
+# index column, and the planner then walked the cluster's whole history).
+UNSETTLED = models.Q(settled__in=[False])
+
 
 class Job(models.Model):
     """A Slurm job as the poller last saw it, plus what mtc knows about it."""
@@ -85,8 +91,7 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["cluster", "-job_number", "array_task_id"]),
             models.Index(fields=["cluster", "state"]),
-            # The poller's round: the rows still waiting for their final record (queried
-            # as `settled IN (false)`: jobs.sync._rows says why).
+            # The poller's round: the rows still waiting for their final record (UNSETTLED).
             models.Index(fields=["cluster", "settled"], name="job_settled"),
             # A user's own jobs, newest first: a page of them without walking everyone
             # else's (tests/test_query_plans.py). Owner first, so that a list of all the

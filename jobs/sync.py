@@ -20,7 +20,7 @@ from slurm.accounting import AcctJob
 from slurm.queue import QueueJob
 
 from .choices import ACTIVE_STATES
-from .models import Job, JobEvent
+from .models import UNSETTLED, Job, JobEvent
 from .settle import array_state, asked_once, settle, settle_ended
 
 log = logging.getLogger(__name__)
@@ -112,9 +112,7 @@ def _rows(cluster: Cluster, queue: list[QueueJob]) -> tuple[dict[str, Job], set[
     # (cluster, job number) index to skip a sort, instead of using the index that finds
     # the few rows asked for (the unsettled ones, or ids through the unique one).
     base = base.order_by()
-    # `settled IN (false)`, not Django's `NOT settled`: an equality on the index's second
-    # column, which SQLite's planner picks with or without ANALYZE's statistics.
-    rows = {job.job_id: job for job in base.filter(settled__in=[False])}
+    rows = {job.job_id: job for job in base.filter(UNSETTLED)}
     ended = {q.job_id: q.restart_count for q in queue if q.state not in ACTIVE_STATES}
     done: set[str] = set()
     ids = sorted(ended.keys() - rows.keys())

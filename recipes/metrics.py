@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.choices import ACTIVE_STATES
-from jobs.models import Job, JobEvent, JobMetric
+from jobs.models import UNSETTLED, Job, JobEvent, JobMetric
 
 log = logging.getLogger(__name__)
 MAX_READ = 4 * 1024 * 1024  # per poll and job; the rest waits for the next poll
@@ -155,25 +155,31 @@ def recipe_jobs_ingest(cluster) -> int:
     one index, so a round reads the live jobs, not the cluster's history (SQLite's
     planner, without statistics, scans the cluster's rows for the three terms OR-ed)."""
     added = 0
-    recipe_jobs = Job.objects.filter(cluster=cluster).exclude(recipe="").exclude(checkpoint_dir="")
+    recipe_jobs = (
+        Job.objects.filter(cluster=cluster)
+        .exclude(recipe="")
+        .exclude(checkpoint_dir="")
+        .order_by()
+        .only(
+            "id",
+            "job_id",
+            "state",
+            "checkpoint_dir",
+            "metrics",
+            "metrics_offset",
+            "cluster_id",
+            "recipe",
+        )
+    )
     may_grow = (
         Q(state__in=ACTIVE_STATES),
-        Q(settled__in=[False]),  # as jobs.sync._rows asks it
+        UNSETTLED,
         Q(end_time__gte=timezone.now() - FINAL_WINDOW),
     )
-    ids: set[int] = set()
+    jobs: dict[int, Job] = {}  # a job two terms find is read once
     for term in may_grow:
-        ids.update(recipe_jobs.filter(term).order_by().values_list("id", flat=True))
-    for job in Job.objects.filter(pk__in=sorted(ids)).only(
-        "id",
-        "job_id",
-        "state",
-        "checkpoint_dir",
-        "metrics",
-        "metrics_offset",
-        "cluster_id",
-        "recipe",
-    ):
+        jobs.update((job.pk, job) for job in recipe_jobs.filter(term))
+    for job in jobs.values():
         try:
             added += job_metrics_ingest(job)
         except Exception:  # noqa: BLE001 - one bad run must not stop the others
