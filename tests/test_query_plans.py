@@ -30,7 +30,12 @@ from recipes.tasks import recipe_round
 
 from .conftest import make_spec
 
-pytestmark = pytest.mark.django_db
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(
+        connection.vendor != "sqlite", reason="SQLite's plans; PostgreSQL plans by its statistics"
+    ),
+]
 # A plan step that reads the job table by the cluster alone (its whole history), or all
 # of it.
 HISTORY_WALK = re.compile(r"^(SCAN jobs_job\b|SEARCH jobs_job USING .*\(cluster_id=\?\)$)")
@@ -38,8 +43,6 @@ HISTORY_WALK = re.compile(r"^(SCAN jobs_job\b|SEARCH jobs_job USING .*\(cluster_
 
 @pytest.fixture
 def cluster():
-    if connection.vendor != "sqlite":
-        pytest.skip("SQLite's plans; PostgreSQL plans from its own statistics")
     cluster = Cluster.objects.create(cluster_id="pp", spec=make_spec("pp"), state="RUNNING")
     old = timezone.now() - timedelta(days=3)
     Job.objects.bulk_create(
@@ -58,16 +61,19 @@ def cluster():
     return cluster
 
 
+def plan(sql: str) -> list[str]:
+    """SQLite's plan for a captured query: one line a step."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + sql)
+        return [row[-1] for row in cursor.fetchall()]
+
+
 def history_walks(queries) -> list[str]:
     walks = []
-    with connection.cursor() as cursor:
-        for query in queries:
-            sql = query["sql"]
-            if not sql.startswith("SELECT") or '"jobs_job"' not in sql:
-                continue
-            cursor.execute("EXPLAIN QUERY PLAN " + sql)
-            steps = [row[-1] for row in cursor.fetchall()]
-            walks += [f"{step}  <-  {sql[:160]}" for step in steps if HISTORY_WALK.match(step)]
+    for query in queries:
+        sql = query["sql"]
+        if sql.startswith("SELECT") and '"jobs_job"' in sql:
+            walks += [f"{step}  <-  {sql[:160]}" for step in plan(sql) if HISTORY_WALK.match(step)]
     return walks
 
 
@@ -82,8 +88,6 @@ def test_the_poll_rounds_find_their_jobs_by_index(cluster):
 
 def test_the_check_sees_a_walk():
     """The check itself: Job's default ordering on the cluster's jobs is a walk."""
-    if connection.vendor != "sqlite":
-        pytest.skip("SQLite's plans")
     with CaptureQueriesContext(connection) as queries:
         list(Job.objects.filter(cluster_id=1, state=JobState.RUNNING))
         list(Job.objects.filter(cluster_id=1, settled=False).order_by())
@@ -103,9 +107,7 @@ def page_plan(
     assert response.status_code == 200
     page = [q["sql"] for q in queries.captured_queries if "LIMIT 50" in q["sql"]]
     assert len(page) == 1
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN QUERY PLAN " + page[0])
-        steps = [row[-1] for row in cursor.fetchall()]
+    steps = plan(page[0])
     # A bare SCAN reads the whole table; one USING an index in the list's order stops at
     # the page's end.
     assert not any(step.startswith("USE TEMP B-TREE") for step in steps), steps

@@ -1,12 +1,14 @@
 """A run's metrics.jsonl into the database, incrementally (as the poller does)."""
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from clusters.models import Cluster
 from jobs.models import Job, JobMetric
-from recipes.metrics import job_metrics_ingest
+from recipes.metrics import job_metrics_ingest, recipe_jobs_ingest
 
 from .conftest import make_spec
 
@@ -139,12 +141,6 @@ def test_a_line_with_a_step_no_column_holds_is_skipped_and_the_rest_stored(tmp_p
 def test_a_round_reads_the_jobs_whose_metrics_may_still_grow(tmp_path, user):
     """Queued or running, not settled yet, or ended within the hour: read. Settled and
     ended long ago: its file is not even looked at (the round follows the live jobs)."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from recipes.metrics import recipe_jobs_ingest
-
     cluster = Cluster.objects.create(cluster_id="mw", spec=make_spec("mw"), state="RUNNING")
     now = timezone.now()
     cases = {
