@@ -84,6 +84,19 @@ def _set(job: Job, values: dict, now: datetime, cause: str) -> Settled:
     return job, changed, event
 
 
+# What a final record sets beyond the queue's own fields: the poller loads them with
+# the rows it may settle (read one at a time, each was a query per job).
+RECORD_FIELDS = (
+    "elapsed_s",
+    "cpu_time_s",
+    "max_rss_bytes",
+    "gpus_allocated",
+    "cpus_allocated",
+    "mem_allocated_bytes",
+    "account",
+)
+
+
 def _from_record(job: Job, record: AcctJob) -> dict:
     return {
         "state": record.state,

@@ -21,7 +21,7 @@ from slurm.queue import QueueJob
 
 from .choices import ACTIVE_STATES
 from .models import UNSETTLED, Job, JobEvent
-from .settle import array_state, asked_once, settle, settle_ended
+from .settle import RECORD_FIELDS, array_state, asked_once, settle, settle_ended
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ def _rows(cluster: Cluster, queue: list[QueueJob]) -> tuple[dict[str, Job], set[
         "settled",
         "gone_time",
         *SYNCED,
+        *RECORD_FIELDS,
     )
     # No ORDER BY (Job's default one): SQLite would walk the whole history in the
     # (cluster, job number) index to skip a sort, instead of using the index that finds
@@ -235,10 +236,20 @@ def jobs_sync(
                 # A submit may have recorded one of them since `existing` was read (sbatch
                 # answered, squeue showed it, the submit's row committed): its row stands.
                 bulk_insert(Job, new_rows, skip_existing=True)
-                new_ids = Job.objects.filter(cluster=cluster, update_time=now).values_list(
-                    "id", "job_id"
-                )
                 by_job_id = {row["job_id"]: row for row in new_rows}
+                # Found by id through the unique index, this round's own by update_time:
+                # by update_time alone SQLite read every job the cluster ever had, with
+                # the database's write lock held (every submit waited behind it).
+                ids = sorted(by_job_id)
+                new_ids = [
+                    pair
+                    for start in range(0, len(ids), ID_CHUNK)
+                    for pair in Job.objects.filter(
+                        cluster=cluster, job_id__in=ids[start : start + ID_CHUNK], update_time=now
+                    )
+                    .order_by()
+                    .values_list("id", "job_id")
+                ]
                 events += [
                     _event(
                         pk,

@@ -52,12 +52,27 @@ def bulk_insert(
 
 
 def bulk_update(objs: list[models.Model], field_names: list[str]) -> None:
-    """UPDATE each object's ``field_names`` by primary key, in one executemany
-    (the ORM's bulk_update builds one CASE per field, slow for thousands of rows)."""
+    """UPDATE each object's ``field_names`` by primary key, one executemany per set of
+    fields (the ORM's bulk_update builds one CASE per field, slow for thousands of rows).
+
+    A field an object never loaded (``only()``/``defer()``) and never had set is left as
+    it is in the database: reading it would fetch it, one query per object and field
+    (the poller's round did thousands, holding the write lock)."""
     if not objs:
         return
     model = type(objs[0])
-    fields = [model._meta.get_field(name) for name in field_names]
+    groups: dict[tuple[str, ...], list[models.Model]] = {}
+    for obj in objs:
+        deferred = obj.get_deferred_fields()
+        names = tuple(n for n in field_names if model._meta.get_field(n).attname not in deferred)
+        if names:
+            groups.setdefault(names, []).append(obj)
+    for names, members in groups.items():
+        _update_rows(model, members, names)
+
+
+def _update_rows(model: type[models.Model], objs: list[models.Model], names: tuple[str, ...]):
+    fields = [model._meta.get_field(name) for name in names]
     assignments = ", ".join(f"{connection.ops.quote_name(f.column)} = %s" for f in fields)
     pk = model._meta.pk
     sql = (

@@ -202,6 +202,28 @@ def test_a_round_reads_the_queue_and_unsettled_rows_only(cluster, django_assert_
     assert "old" not in str(list(Job.objects.filter(settled=False).values_list("name")))
 
 
+@pytest.mark.parametrize("size", [5, 200])
+def test_a_busy_rounds_queries_do_not_grow_with_the_jobs_it_settles(
+    cluster, size, django_assert_max_num_queries
+):
+    """Per job, some settle from their final record, some leave unseen, some start: the
+    rows it wrote had fields it never loaded, and reading those was a query per job and
+    field (thousands a round on a busy cluster, in the write transaction)."""
+    ids = [str(n) for n in range(1, 3 * size + 1)]
+    jobs_sync(cluster=cluster, queue=[qjob(i, "RUNNING") for i in ids[:size]])
+    jobs_sync(cluster=cluster, queue=[qjob(i, "PENDING") for i in ids[size:]], accounting=records())
+    finals = records(**{i: acct(i, cpus=4) for i in ids[:size]})
+    queue = [qjob(i, "RUNNING", node_list="sy-gpu-0") for i in ids[2 * size :]]
+    with django_assert_max_num_queries(10):
+        stats = jobs_sync(cluster=cluster, queue=queue, accounting=finals)
+    assert stats == {"created": 0, "updated": size, "gone": 2 * size}
+    settled = Job.objects.get(job_id="1")
+    assert settled.state == "COMPLETED" and settled.settled and settled.cpus_allocated == 4
+    waiting = Job.objects.get(job_id=str(size + 1))
+    assert waiting.state == "PENDING" and waiting.gone_time is not None and not waiting.settled
+    assert Job.objects.get(job_id=ids[-1]).node_list == "sy-gpu-0"
+
+
 def test_an_ended_job_settles_while_slurm_still_shows_it_and_rounds_then_skip_it(cluster):
     """slurmctld keeps an ended job for MinJobAge (5 minutes): its final record is taken
     the round it is seen ended, and later rounds read no more than its requeue count."""

@@ -29,6 +29,7 @@ from jobs.sync import jobs_sync
 from recipes.tasks import recipe_round
 
 from .conftest import make_spec
+from .test_jobs_sync import acct, qjob
 
 pytestmark = [
     pytest.mark.django_db,
@@ -72,7 +73,7 @@ def history_walks(queries) -> list[str]:
     walks = []
     for query in queries:
         sql = query["sql"]
-        if sql.startswith("SELECT") and '"jobs_job"' in sql:
+        if sql.startswith(("SELECT", "UPDATE", "DELETE")) and '"jobs_job"' in sql:
             walks += [f"{step}  <-  {sql[:160]}" for step in plan(sql) if HISTORY_WALK.match(step)]
     return walks
 
@@ -83,6 +84,26 @@ def test_the_poll_rounds_find_their_jobs_by_index(cluster):
         jobs_release_requeued(cluster=cluster)
         recipe_round(cluster)
     assert len(queries) >= 5
+    assert history_walks(queries.captured_queries) == []
+
+
+def test_a_busy_round_finds_its_jobs_by_index(cluster):
+    """A round with work to write: new jobs, a running one that changed, one that ended
+    in the queue and one that left it (both settled from accounting). Its writes hold
+    the database's write lock, so a walk there stalls every submit."""
+    for n, state in ((1001, JobState.PENDING), (1002, JobState.RUNNING)):
+        Job.objects.create(cluster=cluster, job_id=str(n), job_number=n, state=state)
+    Job.objects.create(cluster=cluster, job_id="1003", job_number=1003, state=JobState.RUNNING)
+    queue = [
+        qjob("1001", "RUNNING", node_list="pp-gpu-0"),
+        qjob("1002", "COMPLETED"),
+        qjob("1004"),
+        qjob("1005_1", "RUNNING"),
+    ]
+    answer = {job_id: acct(job_id) for job_id in ("1002", "1003")}
+    with CaptureQueriesContext(connection) as queries:
+        stats = jobs_sync(cluster=cluster, queue=queue, accounting=lambda ids: answer)
+    assert stats == {"created": 2, "updated": 2, "gone": 1}
     assert history_walks(queries.captured_queries) == []
 
 
