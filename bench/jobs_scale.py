@@ -104,7 +104,22 @@ def _poll_times(cluster: Cluster) -> dict[str, list[float]]:
     return times
 
 
-def poll_with_history(cluster: Cluster, rows: int, *, analyze: bool = False) -> None:
+def list_counts(web: Client, cluster: Cluster, rows: int) -> None:
+    """The operator's job list, page 1, counted by COUNT(*) and from the cluster's tally
+    (jobs/tally.py; it needs the Redis at REDIS_URL, else both count)."""
+    url = f"/api/v1/clusters/{cluster.cluster_id}/jobs"
+    kept = settings.MTC_JOB_TALLY
+    print(f"job list API, page 1, at {rows:,} finished (server time, median of 7):")
+    try:
+        for on, how in ((False, "COUNT(*)"), (True, "tally")):
+            settings.MTC_JOB_TALLY = on
+            median, queries, status = server_time(web, url)
+            print(f"  {how:<9} {median * 1000:7.1f} ms  {queries:2d} queries  (HTTP {status})")
+    finally:
+        settings.MTC_JOB_TALLY = kept
+
+
+def poll_with_history(cluster: Cluster, rows: int, *, web: Client, analyze: bool = False) -> None:
     """The steady-state poll without history, with ``rows`` finished, settled jobs of
     the same cluster (bulk, 20,000 a statement), and without them again (deleted):
     the machine's load drifts, so 'none' is measured on both sides."""
@@ -152,6 +167,7 @@ def poll_with_history(cluster: Cluster, rows: int, *, analyze: bool = False) -> 
     with CaptureQueriesContext(connection) as ctx:
         jobs_sync(cluster=cluster)
     queries = len(ctx.captured_queries)
+    list_counts(web, cluster, rows)
     start = time.perf_counter()
     Job.objects.filter(cluster=cluster, job_number__gte=base)._raw_delete(connection.alias)
     print(f"deleted them again in {time.perf_counter() - start:.1f} s")
@@ -308,7 +324,7 @@ def main() -> None:
             f"{len(ctx.captured_queries)} queries"
         )
         if args.history:  # the history would change every figure after this one
-            poll_with_history(cluster, args.history, analyze=args.analyze)
+            poll_with_history(cluster, args.history, web=web, analyze=args.analyze)
             return
         Job.objects.update(owner=admin, submitted_by_mtc=True)
 

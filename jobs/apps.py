@@ -13,7 +13,7 @@ class JobsConfig(AppConfig):
         from clusters.signals import cluster_deleting
         from mtc.retention import purge_register
 
-        from . import tasks  # noqa: F401 (registers the Celery tasks)
+        from . import tally, tasks  # noqa: F401 (the Celery tasks; deletions move tallies)
         from .retention import cluster_jobs_clear, jobs_purge
 
         purge_register("jobs", jobs_purge, setting="MTC_RETENTION_JOBS_DAYS")

@@ -239,6 +239,9 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6389/0")
 # Token-authenticated API reads are kept this many seconds in Redis, served again to the
 # same user and dropped at once by a write to their path (mtc/api/readcache.py); 0: off.
 MTC_API_READ_CACHE_SECONDS = float(os.environ.get("MTC_API_READ_CACHE_SECONDS", "1"))
+# A cluster's job list counts its jobs from a tally in Redis, not COUNT(*) over its whole
+# history (jobs/tally.py); 0: off.
+MTC_JOB_TALLY = os.environ.get("MTC_JOB_TALLY", "1") == "1"
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True

@@ -53,6 +53,8 @@ def _api_read_cache_off_in_process():
     from django.conf import settings
 
     settings.MTC_API_READ_CACHE_SECONDS = 0
+    # Likewise the job tallies (jobs/tally.py): a test's rows are rolled back unseen.
+    settings.MTC_JOB_TALLY = False
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ import time
 from django.conf import settings
 from django.http import HttpResponse
 
-from ..redisconn import redis_client
+from ..redisconn import deployment_namespace, redis_client
 from .auth import TokenAuthentication
 
 log = logging.getLogger(__name__)
@@ -68,10 +68,7 @@ _store = _Store()
 
 
 def _namespace() -> str:
-    """Keys of one mtc deployment (one database): stacks may share a Redis."""
-    db = settings.DATABASES["default"]
-    where = f"{db.get('ENGINE')}|{db.get('HOST')}|{db.get('PORT')}|{db.get('NAME')}"
-    return "mtc:api:" + hashlib.sha1(where.encode()).hexdigest()[:12]
+    return deployment_namespace("mtc:api")
 
 
 def moved_paths(path: str) -> list[str]:
