@@ -94,7 +94,10 @@ def job_validate(*, cluster: Cluster, data) -> Submission:
 def job_sbatch_args(*, cluster: Cluster, owner, submission: Submission, make: bool = True):
     """The sbatch argument list the submission goes with (a preview passes make=False:
     the same list, and no folder is made)."""
-    account = job_account(owner)
+    return _sbatch_args(cluster, owner, job_account(owner), submission, make=make)
+
+
+def _sbatch_args(cluster: Cluster, owner, account, submission: Submission, *, make: bool):
     if make:
         output_dir, work_dir = cluster_job_dirs(cluster, account)
     else:
@@ -137,7 +140,7 @@ def job_submit(
         slurm_accounts.association_ensure(
             cluster=cluster, account=settings.MTC_DEFAULT_ACCOUNT, user=me
         )
-    args = job_sbatch_args(cluster=cluster, owner=owner, submission=submission)
+    args = _sbatch_args(cluster, owner, account, submission, make=True)  # its account, once
     env = {**submission.env, "MTC_CLUSTER": cluster.cluster_id}
     client = get_provider(cluster.provider).slurm(cluster)
     job_id = client.submit(args, submission.script, env, run_as=run_as)
