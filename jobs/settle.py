@@ -84,17 +84,18 @@ def _set(job: Job, values: dict, now: datetime, cause: str) -> Settled:
     return job, changed, event
 
 
-# What a final record sets beyond the queue's own fields: the poller loads them with
-# the rows it may settle (read one at a time, each was a query per job).
-RECORD_FIELDS = (
-    "elapsed_s",
-    "cpu_time_s",
-    "max_rss_bytes",
-    "gpus_allocated",
-    "cpus_allocated",
-    "mem_allocated_bytes",
-    "account",
-)
+# What a final record sets beyond the queue's own fields (the Job field, the record's
+# attribute): the poller loads them with the rows it may settle (read one at a time,
+# each was a query per job).
+RECORD_FIELDS = {
+    "elapsed_s": "elapsed_s",
+    "cpu_time_s": "cpu_time_s",
+    "max_rss_bytes": "max_rss_bytes",
+    "gpus_allocated": "gpus",
+    "cpus_allocated": "cpus",
+    "mem_allocated_bytes": "mem_bytes",
+    "account": "account",
+}
 
 
 def _from_record(job: Job, record: AcctJob) -> dict:
@@ -106,13 +107,7 @@ def _from_record(job: Job, record: AcctJob) -> dict:
         "start_time": record.start_time or job.start_time,
         "end_time": record.end_time or job.end_time,
         "expected_start_time": None,
-        "elapsed_s": record.elapsed_s,
-        "cpu_time_s": record.cpu_time_s,
-        "max_rss_bytes": record.max_rss_bytes,
-        "gpus_allocated": record.gpus,
-        "cpus_allocated": record.cpus,
-        "mem_allocated_bytes": record.mem_bytes,
-        "account": record.account,
+        **{field: getattr(record, name) for field, name in RECORD_FIELDS.items()},
         "settled": True,
         "gone_time": None,
     }

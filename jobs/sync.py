@@ -4,7 +4,7 @@ left the queue get their final record from accounting (settle.py)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime
 from itertools import chain
@@ -92,6 +92,12 @@ def apply_queue_job(job: Job, q: QueueJob, *, now: datetime, cause: str = "") ->
 ID_CHUNK = 5000
 
 
+def _by_ids(qs, ids: list[str]) -> Iterator:
+    """``qs`` for the rows of ``ids`` (found by the unique index), ID_CHUNK a query."""
+    for start in range(0, len(ids), ID_CHUNK):
+        yield from qs.filter(job_id__in=ids[start : start + ID_CHUNK])
+
+
 def _rows(cluster: Cluster, queue: list[QueueJob]) -> tuple[dict[str, Job], set[str]]:
     """The rows a round touches: the unsettled ones (mtc still waits for their end or
     their final record) and the queue's own (array parents included), never the whole
@@ -117,16 +123,13 @@ def _rows(cluster: Cluster, queue: list[QueueJob]) -> tuple[dict[str, Job], set[
     ended = {q.job_id: q.restart_count for q in queue if q.state not in ACTIVE_STATES}
     done: set[str] = set()
     ids = sorted(ended.keys() - rows.keys())
-    for start in range(0, len(ids), ID_CHUNK):
-        chunk = base.filter(job_id__in=ids[start : start + ID_CHUNK])
-        for job_id, requeues in chunk.values_list("job_id", "requeue_count"):
-            if ended[job_id] <= requeues:  # not run again since it settled
-                done.add(job_id)
+    for job_id, requeues in _by_ids(base.values_list("job_id", "requeue_count"), ids):
+        if ended[job_id] <= requeues:  # not run again since it settled
+            done.add(job_id)
     wanted = {q.job_id for q in queue if q.job_id not in done}
     wanted |= {str(q.job_number) for q in queue if q.array_task_id is not None}
     ids = sorted(wanted - rows.keys())
-    for start in range(0, len(ids), ID_CHUNK):
-        rows.update((j.job_id, j) for j in base.filter(job_id__in=ids[start : start + ID_CHUNK]))
+    rows.update((job.job_id, job) for job in _by_ids(base, ids))
     return rows, done
 
 
@@ -240,16 +243,8 @@ def jobs_sync(
                 # Found by id through the unique index, this round's own by update_time:
                 # by update_time alone SQLite read every job the cluster ever had, with
                 # the database's write lock held (every submit waited behind it).
-                ids = sorted(by_job_id)
-                new_ids = [
-                    pair
-                    for start in range(0, len(ids), ID_CHUNK)
-                    for pair in Job.objects.filter(
-                        cluster=cluster, job_id__in=ids[start : start + ID_CHUNK], update_time=now
-                    )
-                    .order_by()
-                    .values_list("id", "job_id")
-                ]
+                mine = Job.objects.filter(cluster=cluster, update_time=now).order_by()
+                new_ids = list(_by_ids(mine.values_list("id", "job_id"), sorted(by_job_id)))
                 events += [
                     _event(
                         pk,

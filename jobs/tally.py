@@ -43,12 +43,24 @@ def _namespace() -> str:
     return deployment_namespace("mtc:jobs")
 
 
-def _keys(cluster: Cluster | None) -> tuple[str, str]:
-    ns = _namespace()
+def _generation_key() -> str:
+    return f"{_namespace()}:tally-gen"
+
+
+def _tally_key(cluster: Cluster) -> str:
     # The cluster's creation time too: a row id used again (a database restored, a
     # cluster made anew) is another tally.
-    made = cluster.create_time.timestamp() if cluster is not None else 0
-    return f"{ns}:tally-gen", f"{ns}:tally:{cluster.pk if cluster else 0}:{made}"
+    return f"{_namespace()}:tally:{cluster.pk}:{cluster.create_time.timestamp()}"
+
+
+def _newer(cluster: Cluster, upto: int, limit: int | None = None) -> int | None:
+    """The cluster's rows past row id ``upto``, read by the primary key's range (never
+    the cluster's index); None when there are more than ``limit``."""
+    newer = Job.objects.filter(pk__gt=upto).order_by().values_list("cluster_id", flat=True)
+    clusters = list(newer if limit is None else newer[: limit + 1])
+    if limit is not None and len(clusters) > limit:
+        return None
+    return sum(1 for pk in clusters if pk == cluster.pk)
 
 
 def cluster_job_count(cluster: Cluster) -> int:
@@ -57,8 +69,7 @@ def cluster_job_count(cluster: Cluster) -> int:
         return Job.objects.filter(cluster=cluster).count()
     try:
         client = _client()
-        gen_key, key = _keys(cluster)
-        generation, kept = client.mget([gen_key, key])
+        generation, kept = client.mget([_generation_key(), _tally_key(cluster)])
     except Exception as exc:  # Redis away: count as before, never a 500
         log.info("job tally unavailable: %r", exc)
         return Job.objects.filter(cluster=cluster).count()
@@ -66,14 +77,10 @@ def cluster_job_count(cluster: Cluster) -> int:
     if kept is not None:
         tally = json.loads(kept)
         if tally["g"] == generation:
-            tail = list(
-                Job.objects.filter(pk__gt=tally["upto"])
-                .order_by()  # by the primary key's range, never the cluster's index
-                .values_list("cluster_id", flat=True)[: TAIL_MAX + 1]
-            )
-            if len(tail) <= TAIL_MAX:
-                return tally["n"] + sum(1 for pk in tail if pk == cluster.pk)
-    return _tally_make(client, generation, key, cluster)
+            newer = _newer(cluster, tally["upto"], limit=TAIL_MAX)
+            if newer is not None:
+                return tally["n"] + newer
+    return _tally_make(client, generation, cluster)
 
 
 class ClusterTally:
@@ -86,7 +93,7 @@ class ClusterTally:
         return cluster_job_count(self.cluster)
 
 
-def _tally_make(client, generation: str, key: str, cluster: Cluster) -> int:
+def _tally_make(client, generation: str, cluster: Cluster) -> int:
     # Short of the newest row by a margin: on PostgreSQL ids are handed out before their
     # transactions commit, so a row just below the newest may still become visible (it
     # is then in the tail). No transaction: on SQLite it would take the write lock.
@@ -95,18 +102,16 @@ def _tally_make(client, generation: str, key: str, cluster: Cluster) -> int:
     count = Job.objects.filter(cluster=cluster, pk__lte=upto).count()
     try:
         value = json.dumps({"g": generation, "upto": upto, "n": count})
-        client.set(key, value, ex=TALLY_TTL_S)
+        client.set(_tally_key(cluster), value, ex=TALLY_TTL_S)
     except Exception as exc:
         log.info("job tally not kept: %r", exc)
-    tail = Job.objects.filter(pk__gt=upto).order_by().values_list("cluster_id", flat=True)
-    return count + sum(1 for pk in tail if pk == cluster.pk)
+    return count + _newer(cluster, upto)
 
 
 def tallies_forget() -> None:
     """Every cluster's tally is made again on its next count."""
-    gen_key, _ = _keys(None)
     try:
-        _client().incr(gen_key)
+        _client().incr(_generation_key())
     except Exception as exc:  # their TTL ends them
         log.warning("job tallies not reset (Redis said %r); they end within %d s", exc, TALLY_TTL_S)
 

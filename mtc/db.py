@@ -61,10 +61,11 @@ def bulk_update(objs: list[models.Model], field_names: list[str]) -> None:
     if not objs:
         return
     model = type(objs[0])
+    attnames = {name: model._meta.get_field(name).attname for name in field_names}
     groups: dict[tuple[str, ...], list[models.Model]] = {}
     for obj in objs:
         deferred = obj.get_deferred_fields()
-        names = tuple(n for n in field_names if model._meta.get_field(n).attname not in deferred)
+        names = tuple(n for n in field_names if attnames[n] not in deferred)
         if names:
             groups.setdefault(names, []).append(obj)
     for names, members in groups.items():
