@@ -103,6 +103,7 @@ def run(args, token: str) -> None:
         ("operations", "/api/v1/operations"),
     ]
     latencies: dict[str, list[float]] = defaultdict(list)
+    timeline: list[tuple[float, float, str]] = []  # (sent, seconds, kind) for --raw
     errors: dict[str, int] = defaultdict(int)
     samples: list[str] = []
     lock = threading.Lock()
@@ -130,6 +131,7 @@ def run(args, token: str) -> None:
                 continue
             with lock:
                 latencies[kind].append(elapsed)
+                timeline.append((began, elapsed, kind))
                 if error:
                     errors[kind] += 1
                     if len(samples) < 5:
@@ -146,6 +148,8 @@ def run(args, token: str) -> None:
         thread.join()
     wall = time.monotonic() - measured_from
     report(args, latencies, errors, wall)
+    if args.raw:
+        args.raw.write_text(json.dumps(timeline))
     for line in samples:
         print(f"  error: {line}")
 
@@ -184,6 +188,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3, help="seconds not counted first")
     parser.add_argument("--cluster", default="demo")
     parser.add_argument("--submit-share", type=float, default=0.1)
+    parser.add_argument(
+        "--raw", type=Path, help="write each request as [sent (monotonic s), seconds, kind]"
+    )
     args = parser.parse_args()
     run(args, args.token or token_create())
 

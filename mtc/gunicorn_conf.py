@@ -6,6 +6,7 @@ MTC_WEB_WORKERS  processes (default: one per core)
 MTC_WEB_THREADS  threads per process (default 6)
 MTC_WEB_KEEPALIVE_REQUESTS  requests on one kept-alive connection before it is closed
                  (default 1000; 0: no limit)
+MTC_WEB_NICE     the server's CPU priority, -20..19 (default -5, as root; see mtc/cpu.py)
 """
 
 import gc
@@ -93,6 +94,13 @@ def pre_request(worker, req):
     worker.log.debug("%s %s", req.method, req.path)  # gunicorn's own hook does this
     if (KEEPALIVE_REQUESTS and req.req_number >= KEEPALIVE_REQUESTS) or more_than_its_share(worker):
         req.must_close = True  # the response says "Connection: close"
+
+
+def on_starting(server):
+    # Before the workers fork: they share the master's session, and with it its priority.
+    from mtc import cpu
+
+    cpu.priority_set(os.getpid(), int(os.environ.get("MTC_WEB_NICE", "-5")))
 
 
 def when_ready(server):

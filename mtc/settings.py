@@ -341,6 +341,9 @@ MTC_LOCAL_PORT_RANGE = (17000, 29999)
 MTC_LOCAL_SCRATCH_GB = float(os.environ.get("MTC_LOCAL_SCRATCH_GB", "4"))
 MTC_LOCAL_NODE_AGENTS = os.environ.get("MTC_LOCAL_NODE_AGENTS", "1") == "1"
 MTC_AGENT_INTERVAL_S = float(os.environ.get("MTC_AGENT_INTERVAL_S", "10"))
+# The local nodes' slurmd and agents stand for other machines: on this one they yield the
+# CPU to the control plane (0: same priority).
+MTC_LOCAL_NODE_NICE = int(os.environ.get("MTC_LOCAL_NODE_NICE", "10"))
 # Slurm accounting (mtc/accounting.py): the installation's slurmdbd on 127.0.0.1 at this
 # port, started by `make run` and `make test`. Unset or 0: local clusters run without
 # accounting (no sacct; a job that leaves the queue unseen becomes UNKNOWN).

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from mtc import accounting
+from mtc import accounting, cpu
 from mtc.secretfile import private_append
 from slurm import SlurmClient, SlurmError
 from slurm import config as slurm_config
@@ -463,6 +463,9 @@ class LocalProvider(LocalNodes, Provider):
                 + (f" (slurmd not running on {detail})" if dead else ""),
                 code="TIMEOUT",
             ) from None
+        for name in names:  # registered: each slurmd has daemonized into its own session
+            if pid := self._slurmd_pid(cluster, name):
+                cpu.priority_set(pid, settings.MTC_LOCAL_NODE_NICE)
 
     def _last_error(self, cluster: Cluster, name: str) -> str:
         log_file = self.root(cluster) / "log" / f"slurmd-{name}.log"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from mtc import cpu
 from mtc.secretfile import private_append
 from node.fabric import MEASURING_COMM
 from node.shim import inject as shim_faults
@@ -264,6 +265,8 @@ exec {" ".join(q(a) for a in agent_command())} --node "$node" \
                 env=self._agent_env(cluster, node),
                 start_new_session=True,
             )
+        # Its checks' commands (the GPU tools) run in its session, so they yield too.
+        cpu.priority_set(proc.pid, settings.MTC_LOCAL_NODE_NICE)
         pidfile.write_text(str(proc.pid))
 
     # --- faults ----------------------------------------------------------

@@ -1204,26 +1204,49 @@ def _float_matrices(size: int) -> tuple[list[list[float]], list[list[float]]]:
     return [[x / 128.0 for x in row] for row in a], [[x / 128.0 for x in row] for row in b]
 
 
+# SIGCONTs this process received: each means it had been stopped (SIGSTOP), as the local
+# provider's `slow` fault does to a node's processes on a duty cycle. Counted by a handler
+# main() sets (only the main thread can); the checks' threads block the signal, so it
+# wakes the main thread from its wait at once.
+_continued = [0]
+
+
+def _count_continue(signum, frame) -> None:
+    _continued[0] += 1
+
+
 def check_speed(agent: Agent, chk: Check) -> None:
+    """A matrix multiply's rate per second of this thread's CPU time, not of wall time: a
+    busy host (other processes taking the cores, as the emulated nodes and the control
+    plane do on one machine) preempts the loop and stretches wall time alone, and read as
+    a slow node it had healthy nodes rebooted. Time the process spent stopped counts in
+    full (wall time), as a slower machine's would."""
     size = int(agent.config.get("speed_size") or 96)
     target = float(agent.config.get("speed_seconds") or 0.3)
     a, b = _float_matrices(size)
     iterations = 0
-    start = time.perf_counter()
+    stops = _continued[0]
+    start, cpu_start = time.perf_counter(), time.thread_time()
     while True:
         matmul(a, b)
         iterations += 1
         elapsed = time.perf_counter() - start
         if elapsed >= target or elapsed >= chk.remaining() / 2:
             break
+    cpu = time.thread_time() - cpu_start
+    time.sleep(0.01)  # the GIL to the main thread, for a SIGCONT that ended the loop
+    stopped = _continued[0] != stops
+    measured = elapsed if stopped else max(cpu, 1e-6)
     flops = 2.0 * size**3 * iterations
     chk.details.update(
         {
-            "method": "pure-python matmul (float)",
+            "method": "pure-python matmul (float), per CPU second",
             "size": size,
             "iterations": iterations,
             "elapsed_s": round(elapsed, 4),
-            "gflops": round(flops / elapsed / 1e9, 6),
+            "cpu_s": round(cpu, 4),
+            "stopped": stopped,
+            "gflops": round(flops / measured / 1e9, 6),
         }
     )
     tool = agent.which("mtc-gpu-check")
@@ -1345,6 +1368,8 @@ def run_check(agent: Agent, name: str) -> dict:
     outcome: dict = {}
 
     def target() -> None:
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCONT})
         try:
             CHECKS[name](agent, chk)
         except CheckTimeout as exc:
@@ -1743,6 +1768,8 @@ def main(argv=None) -> int:
         config["trigger"] = args.trigger[:40]
     agent = Agent(config)
     stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCONT, _count_continue)
     deeper: tuple[int, str] | None = None  # one deeper round the server asked for
     if args.interval is not None:
 
