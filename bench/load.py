@@ -102,8 +102,7 @@ def run(args, token: str) -> None:
         ("job", f"/api/v1/clusters/{c}/jobs/{job_id}"),
         ("operations", "/api/v1/operations"),
     ]
-    latencies: dict[str, list[float]] = defaultdict(list)
-    timeline: list[tuple[float, float, str]] = []  # (sent, seconds, kind) for --raw
+    timeline: list[tuple[float, float, str]] = []  # (sent, seconds, kind) of each request
     errors: dict[str, int] = defaultdict(int)
     samples: list[str] = []
     lock = threading.Lock()
@@ -130,7 +129,6 @@ def run(args, token: str) -> None:
             if began < count_from[0]:
                 continue
             with lock:
-                latencies[kind].append(elapsed)
                 timeline.append((began, elapsed, kind))
                 if error:
                     errors[kind] += 1
@@ -147,6 +145,9 @@ def run(args, token: str) -> None:
     for thread in threads:
         thread.join()
     wall = time.monotonic() - measured_from
+    latencies: dict[str, list[float]] = defaultdict(list)
+    for _, elapsed, kind in timeline:
+        latencies[kind].append(elapsed)
     report(args, latencies, errors, wall)
     if args.raw:
         args.raw.write_text(json.dumps(timeline))

@@ -1240,7 +1240,7 @@ def check_speed(agent: Agent, chk: Check) -> None:
     flops = 2.0 * size**3 * iterations
     chk.details.update(
         {
-            "method": "pure-python matmul (float), per CPU second",
+            "method": f"pure-python matmul (float), per {'wall' if stopped else 'CPU'} second",
             "size": size,
             "iterations": iterations,
             "elapsed_s": round(elapsed, 4),
