@@ -17,6 +17,7 @@ from clusters.providers import Provider, get_provider
 from clusters.spares import node_return_to_service, spare_stand_in
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job, JobEvent
+from jobs.services import requeued_startable
 from slurm import SlurmError
 
 from .choices import FailureState, RepairAction, RepairState
@@ -68,18 +69,24 @@ def node_jobs_requeue(*, node: Node, job_ids: list[str], cause: str) -> list[dic
 
 def _start_requeued_now(client, job_ids: list[str], timeout: float = 20) -> None:
     """A job requeued off a dead node is held back by Slurm (BeginTime, about two
-    minutes) once its requeue completes: let it start at once."""
+    minutes) once its requeue completes: let it start as soon as its earlier run cannot
+    end the new one (jobs.services.requeued_startable); one still unsafe at the timeout
+    is left to the job poller's release."""
     deadline = time.monotonic() + timeout
     waiting = set(job_ids)
     while waiting and time.monotonic() < deadline:
-        for job_id in list(waiting):
+        held = []
+        for job_id in sorted(waiting):
             info = client.job(job_id)
             if info is None or info.state == "RUNNING":
                 waiting.discard(job_id)
             elif info.state == "PENDING" and info.reason == "BeginTime":
-                client.job_start_now(job_id)
-                waiting.discard(job_id)
-        time.sleep(0.2)
+                held.append(job_id)
+        for job_id in requeued_startable(client, held):
+            client.job_start_now(job_id)
+            waiting.discard(job_id)
+        if waiting:
+            time.sleep(0.2)
 
 
 def _spare_for(repair: Repair) -> Node | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import logging
 from pathlib import Path
 
 from django.conf import settings
@@ -24,6 +25,8 @@ from slurm.submit import Submission, sbatch_args, validate_submission
 from .choices import CAN_CANCEL, CAN_HOLD, CAN_REQUEUE, HELD_REASONS, INTERRUPTED, JobState
 from .models import Job, JobEvent
 from .sync import apply_queue_job
+
+log = logging.getLogger(__name__)
 
 
 class JobConflict(Exception):
@@ -234,9 +237,10 @@ REQUEUE_SETTLE_S = 10.0
 
 def jobs_release_requeued(*, cluster: Cluster) -> int:
     """Slurm holds a requeued job back for about two minutes (reason BeginTime); mtc
-    starts its requeued jobs again sooner: at once when mtc requeued it (an
-    "interrupted:" event since its last run began), else REQUEUE_SETTLE_S after the
-    poller first saw it held. Returns how many it asked Slurm to start."""
+    starts its requeued jobs again sooner: one mtc requeued (an "interrupted:" event since
+    its last run began) as soon as its earlier run's batch script cannot end the new run
+    (``requeued_startable``), any job REQUEUE_SETTLE_S after the poller first saw it held.
+    Returns how many it asked Slurm to start."""
     held = list(
         Job.objects.filter(
             cluster=cluster,
@@ -249,18 +253,57 @@ def jobs_release_requeued(*, cluster: Cluster) -> int:
     )
     if not held:
         return 0
-    due = _release_due([pk for pk, _ in held], timezone.now())
-    ready = [job_id for pk, job_id in held if pk in due]
-    if ready:
-        client = get_provider(cluster.provider).slurm(cluster)
-        for job_id in ready:
-            client.job_start_now(job_id)
+    by_mtc, settled = _release_due([pk for pk, _ in held], timezone.now())
+    ready = {job_id for pk, job_id in held if pk in settled}
+    asked = [job_id for pk, job_id in held if pk in by_mtc and pk not in settled]
+    if not (ready or asked):
+        return 0
+    client = get_provider(cluster.provider).slurm(cluster)
+    ready |= requeued_startable(client, asked)
+    for job_id in sorted(ready):
+        client.job_start_now(job_id)
     return len(ready)
 
 
-def _release_due(job_pks: list[int], now) -> set[int]:
-    """The held requeued jobs that may start now, from each one's events since its last
-    run began (one query): who requeued it, and since when the poller has seen it held."""
+NO_NEW_WORK = {"DRAIN", "NOT_RESPONDING"}  # Slurm node flags: no job starts there
+
+
+def requeued_startable(client, job_ids: list[str]) -> set[str]:
+    """The requeued jobs whose earlier run can no longer end the new one. slurmctld takes
+    a batch script's completion from the job's batch host as the job's end: an earlier
+    run's script whose completion arrives while the new run runs on that same node ends
+    the new run FAILED with the old exit code (seen under load: a hung job's new run
+    ended so, without a line of output). Startable: accounting has the earlier script's
+    end, or its node cannot take the new run (down, drained, not responding). Without an
+    answer (no accounting, slurmdbd behind) none is: REQUEUE_SETTLE_S covers them."""
+    if not job_ids:
+        return set()
+    try:
+        ends = client.batch_ends(job_ids)
+    except SlurmError as exc:
+        log.info("requeued jobs %s wait: %s", ",".join(job_ids), exc)
+        return set()
+    ready = {job_id for job_id, end in ends.items() if end.ended}
+    open_hosts = {job_id: end.host for job_id, end in ends.items() if not end.ended}
+    if open_hosts:
+        try:
+            nodes = {node.name: node for node in client.nodes()}
+        except SlurmError:
+            return ready
+        for job_id, host in open_hosts.items():
+            node = nodes.get(host)
+            if (
+                node is None
+                or node.state == "DOWN"
+                or {"DRAIN", "NOT_RESPONDING"} & set(node.flags)
+            ):
+                ready.add(job_id)
+    return ready
+
+
+def _release_due(job_pks: list[int], now) -> tuple[set[int], set[int]]:
+    """From the held requeued jobs' events since each one's last run began (one query):
+    those mtc requeued, and those the poller has seen held for REQUEUE_SETTLE_S."""
     by_mtc: set[int] = set()
     held_since: dict[int, object] = {}
     events = (
@@ -279,4 +322,4 @@ def _release_due(job_pks: list[int], now) -> set[int]:
     settled = {
         pk for pk, since in held_since.items() if (now - since).total_seconds() >= REQUEUE_SETTLE_S
     }
-    return by_mtc | settled
+    return by_mtc, settled

@@ -300,8 +300,7 @@ def _requeue(job: Job, client, exclude: list[str]) -> str:
             client.job_exclude(job.job_id, exclude)
         except SlurmError as exc:
             why = f"requeued, but could not exclude {','.join(exclude)}: {exc}"
-    client.job_start_now(job.job_id)
-    return why
+    return why  # the job poller starts it (jobs_release_requeued)
 
 
 def hang_handle(

@@ -190,7 +190,12 @@ def _wait_off_node(client, job_id: str, node: str) -> None:
     requeue's SIGTERM, slowly on a slow node): the repair that follows drains and reboots
     the node, and a reboot under a job still completing there leaves it stuck COMPLETING."""
     deadline = time.monotonic() + LEAVE_WAIT_S
-    while job_id in client.node_jobs(node) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        try:
+            if job_id not in client.node_jobs(node):
+                return
+        except SlurmError as exc:  # unknown: as if it were still there
+            log.info("job %s on %s: %s", job_id, node, exc)
         time.sleep(0.3)
 
 

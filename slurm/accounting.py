@@ -147,6 +147,53 @@ def parse_sacct(text: str) -> dict[str, AcctJob]:
     return jobs
 
 
+# `sacct --duplicates` columns for a requeued job's earlier runs' batch steps.
+BATCH_FORMAT = "JobID,State,NodeList"
+# A batch step's states once its script's end reached slurmctld (not REQUEUED, RUNNING).
+BATCH_ENDED = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+}
+
+
+@dataclass(frozen=True)
+class BatchEnd:
+    """A job's latest batch step as accounting has it. A requeue records the running
+    batch step as REQUEUED at once; its own end (state, exit code) replaces that when the
+    script's completion reaches slurmctld, which may be seconds later."""
+
+    state: str  # REQUEUED until then
+    host: str  # the node the batch script ran on
+
+    @property
+    def ended(self) -> bool:
+        return self.state in BATCH_ENDED
+
+
+def parse_batch_ends(text: str) -> dict[str, BatchEnd]:
+    """`sacct --duplicates --parsable2 --noheader --format=JobID,State,NodeList` ->
+    {job id: the batch step of its latest run that started one} (runs are listed oldest
+    first, an earlier job with the same id included: a run whose script never started
+    has no script to end, and an earlier one's has ended)."""
+    ends: dict[str, BatchEnd] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 3 or not parts[0].endswith(".batch"):
+            continue
+        job_id = parts[0].removesuffix(".batch")
+        state = parts[1].split()[0] if parts[1].strip() else ""
+        if _ALLOC_RE.fullmatch(job_id):
+            ends[job_id] = BatchEnd(state=state, host=parts[2])
+    return ends
+
+
 def unavailable(exc: SlurmError) -> AccountingUnavailable:
     """What a failed sacct means: no accounting at all, or slurmdbd out of reach."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

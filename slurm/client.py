@@ -129,10 +129,11 @@ class SlurmClient:
         return list(nodes.values())
 
     def node_jobs(self, name: str) -> list[str]:
-        """Ids of the jobs Slurm has on one node now."""
+        """Ids of the jobs Slurm has on one node now (a failed squeue raises: read as
+        "none", a repair would reboot the node under its jobs)."""
         if not NODE_NAME_RE.fullmatch(name):
             raise SlurmError(f"invalid node name {name!r}", permanent=True)
-        proc = self.run(["squeue", "--noheader", f"--nodelist={name}", "--format=%i"], check=False)
+        proc = self.run(["squeue", "--noheader", f"--nodelist={name}", "--format=%i"])
         return proc.stdout.split()
 
     # --- writes ----------------------------------------------------------
@@ -219,6 +220,23 @@ class SlurmClient:
                 raise unavailable(exc) from exc
             found.update(parse_sacct(out))
         return found
+
+    def batch_ends(self, job_ids: list[str]) -> dict:
+        """Whether each requeued job's earlier run has ended its batch script as far as
+        slurmctld knows ({job id: BatchEnd}; one sacct call). Raises AccountingUnavailable
+        as ``accounting`` does."""
+        from .accounting import BATCH_FORMAT, parse_batch_ends, unavailable
+        from .queue import JOB_ID_RE
+
+        for job_id in job_ids:
+            if not JOB_ID_RE.fullmatch(job_id):
+                raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        args = ["sacct", "--duplicates", "--parsable2", "--noheader", "--allusers"]
+        args += [f"--format={BATCH_FORMAT}", f"--jobs={','.join(job_ids)}"]
+        try:
+            return parse_batch_ends(self.run(args, timeout=60).stdout)
+        except SlurmError as exc:
+            raise unavailable(exc) from exc
 
     def accounting_cluster_add(self, name: str) -> None:
         """Register a cluster with slurmdbd (before its slurmctld first starts);

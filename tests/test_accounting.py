@@ -11,6 +11,7 @@ from clusters import services as cluster_services
 from clusters.models import Cluster
 from clusters.providers import get_provider
 from jobs.models import Job
+from jobs.services import requeued_startable
 from jobs.sync import jobs_sync
 
 from .conftest import cluster_root, make_spec
@@ -80,3 +81,25 @@ def test_jobs_that_end_unseen_get_their_end_from_sacct(cluster, operator_api):
     body = operator_api.get(f"/api/v1/clusters/ac/jobs/{bad}").json()
     assert (body["state"], body["exit_code"]) == ("FAILED", "3:0")
     assert body["elapsed_s"] >= 2 and "max_rss_bytes" in body and "cpu_time_s" in body
+
+
+def test_a_requeued_jobs_old_batch_script_counts_as_ended_once_slurmctld_has_its_end(
+    cluster, tmp_path
+):
+    """The script takes 5 s to end after the requeue's SIGTERM: until its end reaches
+    slurmctld, the new run may not start (its completion would end the new run)."""
+    ready = tmp_path / "trap-set"
+    job = sbatch(f"trap 'sleep 5; exit 3' TERM; touch {ready}; sleep 300 & wait", "--requeue")
+    client = get_provider(cluster.provider).slurm(cluster)
+    wait_until(ready.exists, what="the batch script's trap set", timeout=60)
+    client.control("requeue", job)
+    assert client.batch_ends([job])[job].state == "REQUEUED"  # for now
+    assert requeued_startable(client, [job]) == set()  # its node could run the new run
+    end = wait_until(
+        lambda: client.batch_ends([job])[job].ended and client.batch_ends([job])[job],
+        what="the old script's end",
+        timeout=60,
+    )
+    assert (end.state, end.host) == ("FAILED", "ac-gpu-0")
+    assert requeued_startable(client, [job]) == {job}
+    client.control("cancel", job)

@@ -240,3 +240,20 @@ def test_a_timed_check_that_starts_early_waits_for_the_threshold(running_job, mo
     [(when, (last, since, threshold))] = handled
     assert (last.step, threshold) == (10, 60)
     assert when >= since + timedelta(seconds=60)  # waited the last 0.3 s, then judged
+
+
+def test_a_failed_squeue_is_not_read_as_a_node_without_jobs(tmp_path, monkeypatch):
+    """The hang's node is marked (and rebooted by its repair) once the job has left it:
+    a squeue that could not answer must not say it has."""
+    from slurm import SlurmError
+    from slurm.client import SlurmClient
+
+    squeue = tmp_path / "bin" / "squeue"
+    squeue.parent.mkdir()
+    squeue.write_text(
+        "#!/bin/sh\necho 'squeue: error: Unable to contact slurm controller' >&2\nexit 1\n"
+    )
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{squeue.parent}:{os.environ['PATH']}")
+    with pytest.raises(SlurmError, match="Unable to contact"):
+        SlurmClient(tmp_path / "slurm.conf").node_jobs("hx-gpu-1")

@@ -2,6 +2,7 @@
 (the `hang` fault: SIGSTOP), found by the poller, its stacks in the job's output, the
 job requeued without that rank's node, where it completes, and the node marked JOB_HANG."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from jobs.models import Job, JobEvent, JobHang
 from jobs.tasks import jobs_round
 from recipes.tasks import recipe_round
 
-from .conftest import make_spec
+from .conftest import cluster_root, make_spec
 from .waiting import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -49,10 +50,20 @@ def job_of(cluster, job_id: str, until, what: str, timeout: float = 240) -> Job:
 
 
 def output(job: Job) -> str:
+    """The job's output files, then where its states came from (mtc's events, and
+    slurmctld's log lines for it): what a failure needs to be understood."""
     root = Path(job.checkpoint_dir).parents[2] / "output"
-    return "\n".join(
-        f"== {p.name}\n{p.read_text()[-6000:]}" for p in sorted(root.glob(f"slurm-{job.job_id}.*"))
-    )
+    files = [
+        f"== {p.name}\n{p.read_text()[-3000:]}" for p in sorted(root.glob(f"slurm-{job.job_id}.*"))
+    ]
+    events = [
+        f"{e.time:%H:%M:%S.%f} {e.state} {e.reason} {e.cause}"
+        for e in JobEvent.objects.filter(job=job).order_by("time", "id")
+    ]
+    log = cluster_root(job.cluster.cluster_id) / "log" / "slurmctld.log"
+    mine = re.compile(rf"JobId={job.job_id}\b|job {job.job_id}\b")
+    lines = [line for line in log.read_text().splitlines() if mine.search(line)]
+    return "\n".join([*files, "== events", *events, "== slurmctld", *lines[-40:]])
 
 
 def hostnames(cluster, node_list: str) -> list[str]:

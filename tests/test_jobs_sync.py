@@ -14,7 +14,8 @@ from clusters.models import Cluster
 from jobs.models import Job, JobEvent
 from jobs.services import REQUEUE_SETTLE_S, jobs_release_requeued
 from jobs.sync import jobs_sync
-from slurm.accounting import AccountingUnavailable, AcctJob
+from slurm.accounting import AccountingUnavailable, AcctJob, parse_batch_ends
+from slurm.client import SlurmNode
 from slurm.queue import QueueJob
 
 from .conftest import make_spec
@@ -282,12 +283,39 @@ def test_requeues_counted(cluster):
     assert job.requeue_count == 1 and job.reason == "BeginTime"
 
 
-def test_requeued_jobs_start_at_once_when_mtc_requeued_them_else_after_a_settle_time(
+def test_a_job_mtc_requeued_starts_once_its_old_batch_script_cannot_end_the_new_run(
     cluster, monkeypatch
 ):
+    """6: requeued by mtc before its last run began, 7: by someone else; both wait the
+    settle time. 8 to 11: by mtc now. 8's old script's end is in accounting: at once. 9's
+    is not, and its batch host could run the new run: it waits. 10's and 11's host
+    cannot (drained, down): at once."""
     started = []
+    no_accounting = []
 
     class Client:
+        def batch_ends(self, job_ids):
+            if no_accounting:
+                raise AccountingUnavailable("disabled", configured=False)
+            text = "\n".join(
+                [
+                    "8|RUNNING|n0",  # the allocation's line of some other run: skipped
+                    "8.batch|REQUEUED|n0",
+                    "8.batch|FAILED|n0",  # runs oldest first: the last is the one
+                    "9.batch|REQUEUED|n0",
+                    "10.batch|REQUEUED|n1",
+                    "11.batch|REQUEUED|n2",
+                ]
+            )
+            return {k: v for k, v in parse_batch_ends(text).items() if k in job_ids}
+
+        def nodes(self):
+            return [
+                SlurmNode("n0", "IDLE", (), "", 2, ""),
+                SlurmNode("n1", "IDLE", ("DRAIN",), "mtc: JOB_HANG", 2, ""),
+                SlurmNode("n2", "DOWN", ("NOT_RESPONDING",), "", 2, ""),
+            ]
+
         def job_start_now(self, job_id):
             started.append(job_id)
 
@@ -296,24 +324,28 @@ def test_requeued_jobs_start_at_once_when_mtc_requeued_them_else_after_a_settle_
             return Client()
 
     monkeypatch.setattr("jobs.services.get_provider", lambda name: Provider())
-    jobs_sync(cluster=cluster, queue=[qjob(i, "RUNNING") for i in ("6", "7", "8")])
-    # 6: requeued by mtc before its last run began; 8: by mtc now (a repair's event).
-    job_6, job_8 = Job.objects.get(job_id="6"), Job.objects.get(job_id="8")
+    ids = ("6", "7", "8", "9", "10", "11")
+    jobs_sync(cluster=cluster, queue=[qjob(i, "RUNNING") for i in ids])
+    job_6 = Job.objects.get(job_id="6")
     now = timezone.now()
     before = now - timedelta(minutes=5)
     JobEvent.objects.create(job=job_6, time=before, state="REQUEUED", cause="interrupted: x")
     JobEvent.objects.filter(job=job_6, state="RUNNING").update(time=before + timedelta(minutes=1))
-    JobEvent.objects.create(job=job_8, time=now, state="REQUEUED", cause="interrupted: y")
-    held = [qjob(i, "PENDING", reason="BeginTime", restart_count=1) for i in ("6", "7", "8")]
-    jobs_sync(cluster=cluster, queue=held)
-    assert jobs_release_requeued(cluster=cluster) == 1
-    assert started == ["8"]  # 6 and 7: their old batch script may still be ending
-    # REQUEUE_SETTLE_S after the poller first saw them held, they are started.
-    JobEvent.objects.update(time=F("time") - timedelta(seconds=REQUEUE_SETTLE_S))
-    started.clear()
+    for job in Job.objects.filter(job_id__in=("8", "9", "10", "11")):
+        JobEvent.objects.create(job=job, time=now, state="REQUEUED", cause="interrupted: y")
+    held = [qjob(i, "PENDING", reason="BeginTime", restart_count=1) for i in ids]
     jobs_sync(cluster=cluster, queue=held)
     assert jobs_release_requeued(cluster=cluster) == 3
-    assert sorted(started) == ["6", "7", "8"]
+    assert sorted(started) == ["10", "11", "8"]
+    # Without accounting none of mtc's is known safe: they wait the settle time too.
+    started.clear()
+    no_accounting.append(True)
+    assert jobs_release_requeued(cluster=cluster) == 0 and started == []
+    # REQUEUE_SETTLE_S after the poller first saw them held, they are started.
+    JobEvent.objects.update(time=F("time") - timedelta(seconds=REQUEUE_SETTLE_S))
+    jobs_sync(cluster=cluster, queue=held)
+    assert jobs_release_requeued(cluster=cluster) == 6
+    assert sorted(started) == sorted(ids)
 
 
 def test_array_tasks_inherit_the_arrays_owner_and_it_sums_them_up(cluster, user):
