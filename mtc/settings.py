@@ -144,7 +144,9 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # Web requests, the worker and beat write the same file: wait for locks instead of failing.
+    # Web requests, the worker and beat write the same file: wait for locks instead of
+    # failing; mtc/sqlite waits for a transaction's write lock in short steps.
+    DATABASES["default"]["ENGINE"] = "mtc.sqlite"
     DATABASES["default"]["OPTIONS"] = {
         "timeout": 20,
         "transaction_mode": "IMMEDIATE",
