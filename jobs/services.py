@@ -292,11 +292,7 @@ def requeued_startable(client, job_ids: list[str]) -> set[str]:
             return ready
         for job_id, host in open_hosts.items():
             node = nodes.get(host)
-            if (
-                node is None
-                or node.state == "DOWN"
-                or {"DRAIN", "NOT_RESPONDING"} & set(node.flags)
-            ):
+            if node is None or node.state == "DOWN" or NO_NEW_WORK & set(node.flags):
                 ready.add(job_id)
     return ready
 

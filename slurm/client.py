@@ -53,6 +53,15 @@ class RunAs(Protocol):
     gid: int
 
 
+def _check_job_ids(job_ids: list[str]) -> None:
+    """Whole job ids only (12, 12_3): anything else is refused before a command runs."""
+    from .queue import JOB_ID_RE
+
+    for job_id in job_ids:
+        if not JOB_ID_RE.fullmatch(job_id):
+            raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+
+
 class SlurmClient:
     def __init__(
         self,
@@ -198,11 +207,8 @@ class SlurmClient:
         AccountingUnavailable when the cluster has no accounting or slurmdbd is out of
         reach. Without --duplicates sacct gives a reused id's newest job only."""
         from .accounting import BATCH, SACCT_FORMAT, parse_sacct, unavailable
-        from .queue import JOB_ID_RE
 
-        for job_id in job_ids:
-            if not JOB_ID_RE.fullmatch(job_id):
-                raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        _check_job_ids(job_ids)
         found: dict = {}
         for start in range(0, len(job_ids), BATCH):
             args = [
@@ -226,11 +232,8 @@ class SlurmClient:
         slurmctld knows ({job id: BatchEnd}; one sacct call). Raises AccountingUnavailable
         as ``accounting`` does."""
         from .accounting import BATCH_FORMAT, parse_batch_ends, unavailable
-        from .queue import JOB_ID_RE
 
-        for job_id in job_ids:
-            if not JOB_ID_RE.fullmatch(job_id):
-                raise SlurmError(f"invalid job id {job_id!r}", permanent=True)
+        _check_job_ids(job_ids)
         args = ["sacct", "--duplicates", "--parsable2", "--noheader", "--allusers"]
         args += [f"--format={BATCH_FORMAT}", f"--jobs={','.join(job_ids)}"]
         try:

@@ -95,11 +95,12 @@ def test_a_requeued_jobs_old_batch_script_counts_as_ended_once_slurmctld_has_its
     client.control("requeue", job)
     assert client.batch_ends([job])[job].state == "REQUEUED"  # for now
     assert requeued_startable(client, [job]) == set()  # its node could run the new run
-    end = wait_until(
-        lambda: client.batch_ends([job])[job].ended and client.batch_ends([job])[job],
-        what="the old script's end",
-        timeout=60,
-    )
+
+    def ended():
+        end = client.batch_ends([job])[job]
+        return end if end.ended else None
+
+    end = wait_until(ended, what="the old script's end", timeout=60)
     assert (end.state, end.host) == ("FAILED", "ac-gpu-0")
     assert requeued_startable(client, [job]) == {job}
     client.control("cancel", job)
