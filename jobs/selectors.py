@@ -12,6 +12,7 @@ from django.db.models import Count, F, Q, QuerySet, Value
 
 from clusters.models import Cluster
 from clusters.runroot import run_root_or_none
+from mtc import userfs
 from mtc.retention import retention_days
 from mtc.retention import tally as retention_tally
 
@@ -65,12 +66,11 @@ def job_output_path(job: Job, stream: str) -> Path | None:
     if root is None:
         return None
     # A user's job writes in their own folder (jobs.services.job_root); mtc's own
-    # jobs and single-user ones in the cluster's.
-    users = root / "users"
-    own = users / job.user / "output" if POSIX_NAME_RE.fullmatch(job.user or "") else None
-    output_dir = own if own is not None and own.is_dir() else root / "output"
-    path = output_dir / f"slurm-{job.job_id}.{'out' if stream == 'stdout' else 'err'}"
-    return path if path.resolve().parent == output_dir.resolve() else None
+    # jobs and single-user ones in the cluster's. The file is read through mtc.userfs,
+    # which never follows a link the job's owner left there.
+    home = root / "users" / job.user if POSIX_NAME_RE.fullmatch(job.user or "") else None
+    output_dir = home / "output" if home is not None and userfs.is_dir(home) else root / "output"
+    return output_dir / f"slurm-{job.job_id}.{'out' if stream == 'stdout' else 'err'}"
 
 
 def _whole_characters(data: bytes, *, at_end: bool) -> bytes:
@@ -91,12 +91,11 @@ def _whole_characters(data: bytes, *, at_end: bool) -> bytes:
 def job_output(job: Job, *, stream: str, offset: int, limit: int = OUTPUT_CHUNK) -> dict:
     path = job_output_path(job, stream)
     data, size = b"", 0
-    if path is not None and path.exists():
-        with open(path, "rb") as fh:
-            size = fh.seek(0, 2)
-            if offset < size:
-                fh.seek(offset)
-                data = fh.read(limit)
+    if path is not None:
+        try:
+            data, size = userfs.read_at(path, offset=offset, limit=limit)
+        except OSError:  # not written yet, or not a plain file of the job's owner
+            data, size = b"", 0
     data = _whole_characters(data, at_end=offset + len(data) >= size)
     return {
         "stream": stream,

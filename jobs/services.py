@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
@@ -16,8 +18,8 @@ from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 from clusters.providers import get_provider
 from clusters.runroot import is_own_dir, run_root
-from identity import paths as identity_paths
 from identity.services import account_ensure
+from mtc import userfs
 from slurm import SlurmError
 from slurm.accounts import USER_RE
 from slurm.submit import Submission, sbatch_args, validate_submission
@@ -33,6 +35,23 @@ class JobConflict(Exception):
     """The job's or cluster's state does not allow this (HTTP 409)."""
 
 
+class FolderConflict(JobConflict):
+    """A folder mtc must use in the owner's tree is not a plain folder of theirs (a link,
+    a FIFO, another uid's): HTTP 409, and nothing was followed, made or changed there."""
+
+
+@contextmanager
+def owner_folders() -> Iterator[None]:
+    """mtc.userfs's refusals, said to the user whose folder it is."""
+    try:
+        yield
+    except userfs.UnsafePath as exc:
+        raise FolderConflict(
+            f"{exc.path} {exc.why}. mtc never follows a link or takes over a file in a "
+            "user's folder: move it away and try again."
+        ) from exc
+
+
 def job_root(cluster: Cluster, account=None, *, make: bool = True) -> Path:
     """Where a user's jobs keep their output, work and runs: ``users/<name>/`` of the
     cluster, the account's alone (0700); the cluster's own folder for mtc's jobs and
@@ -45,20 +64,22 @@ def job_root(cluster: Cluster, account=None, *, make: bool = True) -> Path:
     # mtc opens its own data dir's folders to passers-by; a run root the spec names is
     # made (0711) but its parents are the site's (/home, a Lustre mount), left as they are.
     above = [root.parent] if is_own_dir(cluster, root) else []
-    for path in (*above, root, root / "users"):
-        identity_paths.traverse_only(path)
-    return identity_paths.user_dir(root / "users" / account.name, account)
+    with owner_folders():
+        for path in (*above, root, root / "users"):
+            userfs.dir_pass(path)
+        return userfs.dir_own(root / "users" / account.name, account)
 
 
 def cluster_job_dirs(cluster: Cluster, account=None) -> tuple[Path, Path]:
     """Where the jobs write their output, and their working directory."""
     root = job_root(cluster, account)
     output, work = root / "output", root / "work"
-    for path in (output, work):
-        if account is not None and account.isolated:
-            identity_paths.user_dir(path, account)
-        else:
-            path.mkdir(parents=True, exist_ok=True)
+    with owner_folders():
+        for path in (output, work):
+            if account is not None and account.isolated:
+                userfs.dir_own(path, account)
+            else:  # mtc's own jobs, single-user mode: the cluster's folder
+                userfs.dir_pass(path, mode=0o755)
     return output, work
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
+
+from mtc import userfs
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,8 @@ def path_remove(path: Path | str, *, root: Path | str) -> bool:
     """Remove a file or a directory tree that lies under ``root`` (a cluster's folder
     in the data dir). Refuses a path outside it and a symbolic link at any level below
     it (a job's owner writes in their folder: a link must not turn the purge onto
-    someone else's files). Returns whether something was removed."""
+    someone else's files); removes by descriptor (mtc.userfs), so a link swapped in
+    meanwhile is not followed either. Returns whether something was removed."""
     root = Path(root).resolve()
     path = Path(path)
     try:
@@ -119,23 +121,11 @@ def path_remove(path: Path | str, *, root: Path | str) -> bool:
         relative = None
     if relative is None or not relative.parts or ".." in relative.parts:
         return False
-    current = root
-    for part in relative.parts:
-        current = current / part
-        if current.is_symlink():
-            return False
-        if not current.exists():
-            return False
     try:
-        if current.is_dir():
-            # rmtree unlinks links inside the tree and never follows them.
-            shutil.rmtree(current)
-        else:
-            os.unlink(current)
+        return userfs.remove_below(root, relative.parts)
     except OSError as exc:
-        log.warning("retention: could not remove %s: %s", current, exc)
+        log.warning("retention: could not remove %s: %s", path, exc)
         return False
-    return True
 
 
 def purge_all(*, now: datetime | None = None, budget_s: float | None = None) -> dict[str, int]:

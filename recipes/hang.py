@@ -46,6 +46,7 @@ from health.services import failures_update
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent, JobHang, JobMetric
 from jobs.selectors import job_output_path
+from mtc import userfs
 from node.train.config import SAVING_EVENT
 from node.train.stacks import STACKS_SIGNAL, stacks_path
 from slurm import SlurmError
@@ -58,6 +59,7 @@ MEDIAN_OF_STEPS = 50  # the step times the median is taken over: the latest ones
 STACKS_WAIT_S = 3.0  # how long the ranks have to write their stacks after the signal
 STACKS_KEEP = 64 * 1024  # characters of stacks kept per hang (every rank's)
 MARK_AFTER_S = 120.0  # a node whose hung job has not left it by then is marked all the same
+RUN_CONFIG_MAX = 2**20  # run.json: mtc wrote it, the run's owner may have changed it
 COLLECTIVE_FUNCS = frozenset(
     {
         "all_reduce",
@@ -136,7 +138,7 @@ def _last_progress(job: Job, run_dir: Path) -> tuple[JobMetric | None, datetime 
     if last is None or last.time is None:
         return None, None
     try:
-        mtime = datetime.fromtimestamp((run_dir / "metrics.jsonl").stat().st_mtime, tz=UTC)
+        mtime = datetime.fromtimestamp(userfs.lookup(run_dir / "metrics.jsonl").st_mtime, tz=UTC)
     except OSError:
         mtime = last.time
     return last, max(last.time, mtime)
@@ -179,10 +181,7 @@ def hang_due(
 def saving_announced(metrics_file: Path) -> bool:
     """Whether the run's last line says a synchronous checkpoint save has begun."""
     try:
-        with open(metrics_file, "rb") as fh:
-            fh.seek(0, 2)
-            fh.seek(max(0, fh.tell() - 4096))
-            tail = fh.read().splitlines()
+        tail = userfs.read_tail(metrics_file, limit=4096)[0].splitlines()
     except OSError:
         return False
     try:
@@ -193,7 +192,7 @@ def saving_announced(metrics_file: Path) -> bool:
 
 def _save_allowance_s(job: Job, run_dir: Path) -> int:
     try:
-        config = json.loads((run_dir / "run.json").read_text())
+        config = json.loads(userfs.read_bytes(run_dir / "run.json", limit=RUN_CONFIG_MAX))
     except (OSError, ValueError):
         config = {}
     if not isinstance(config, dict):
@@ -209,7 +208,7 @@ def _sizes(paths: list[Path]) -> list[int]:
     out = []
     for path in paths:
         try:
-            out.append(path.stat().st_size)
+            out.append(userfs.lookup(path).st_size)
         except OSError:
             out.append(-1)
     return out
@@ -234,11 +233,14 @@ def stacks_collect(job: Job, client, world: int) -> list[RankStacks]:
     for rank, (path, size) in enumerate(zip(paths, before, strict=True)):
         node, text = "", ""
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                header = HEADER_RE.match(fh.readline())
+            # The rank writes this file as the job's owner: read without following a
+            # link, a regular file of theirs (a FIFO or another file is skipped).
+            with userfs.open_read(path) as fh:
+                first = fh.readline(4096).decode("utf-8", errors="replace")
+                header = HEADER_RE.match(first)
                 node = header["node"] if header and int(header["rank"]) == rank else ""
                 fh.seek(max(size, 0))
-                text = fh.read(STACKS_KEEP)
+                text = fh.read(STACKS_KEEP).decode("utf-8", errors="replace")
         except OSError:
             pass
         ranks.append(RankStacks(rank=rank, node=node, fresh=bool(text.strip()), text=text))
@@ -272,8 +274,7 @@ def _output_append(job: Job, text: str) -> None:
     if path is None:
         return
     try:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(text)
+        userfs.append(path, text.encode("utf-8"))
     except OSError as exc:
         log.warning("job %s: could not add the hang's stacks to %s: %s", job, path, exc)
 

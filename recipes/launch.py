@@ -3,11 +3,11 @@ run.json, render the batch script, and submit it through the Slurm Job API."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import shlex
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,10 +17,10 @@ from django.utils import timezone
 from clusters.models import Cluster
 from clusters.providers import get_provider
 from clusters.runroot import NoRunRoot
-from identity import paths as identity_paths
 from identity.runas import can_read
 from jobs import services
 from jobs.models import Job
+from mtc import userfs
 from mtc.fielderrors import FieldErrors
 from registry.checkpoints import checkpoint_is_complete
 from registry.names import is_model_ref
@@ -340,17 +340,25 @@ def recipe_launch(
     plan = recipe_plan(
         cluster=cluster, recipe_id=recipe_id, body=body, run_dir=run_dir, owner=owner
     )
-    if plan.run_dir.exists():
-        raise LaunchError({"run_dir": "This run directory is taken; preview again."})
     account = services.job_account(owner)
-    if account is not None and account.isolated:  # runs/ and the run are the owner's
-        services.job_root(cluster, account)
-        identity_paths.user_dir(plan.run_dir.parent, account)
-    plan.checkpoint_dir.mkdir(parents=True)
-    (plan.run_dir / "run.json").write_text(json.dumps(plan.run_config, indent=2) + "\n")
-    if account is not None and account.isolated:
-        identity_paths.give(plan.run_dir, account)
-        os.chmod(plan.run_dir, 0o700)
+    mine = account if account is not None and account.isolated else None
+    if mine is not None:
+        services.job_root(cluster, mine)  # users/<name>/, the account's
+    run_config = (json.dumps(plan.run_config, indent=2) + "\n").encode()
+    with services.owner_folders():
+        if mine is not None:
+            userfs.dir_own(plan.run_dir.parent, mine)  # runs/
+        else:  # mtc's own launches, single-user mode: the cluster's folder
+            userfs.dir_pass(plan.run_dir.parent, mode=0o755)
+        try:
+            # Made and filled through the new folder's descriptor, the account's from the
+            # start: whatever the account renames or links meanwhile, nothing else is
+            # written or handed over (the run name may be the user's choice).
+            with userfs.dir_new(plan.run_dir, mine, mode=0o700 if mine else 0o755) as run_fd:
+                os.close(userfs.mkdir_at(run_fd, "checkpoints", mine, mode=0o755))
+                userfs.write_at(run_fd, "run.json", run_config, account=mine, mode=0o644)
+        except FileExistsError as exc:
+            raise LaunchError({"run_dir": "This run directory is taken; preview again."}) from exc
     try:
         job = services.job_submit(
             cluster=cluster,
@@ -361,7 +369,8 @@ def recipe_launch(
             checkpoint_dir=str(plan.checkpoint_dir),
         )
     except Exception:
-        shutil.rmtree(plan.run_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            userfs.remove(plan.run_dir)
         raise
     if plan.register_as:  # read by registry.tasks.registrations_poll once it completes
         Job.objects.filter(pk=job.pk).update(register_as=plan.register_as)

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from jobs.choices import ACTIVE_STATES
 from jobs.models import UNSETTLED, Job, JobEvent, JobMetric
+from mtc import userfs
 
 log = logging.getLogger(__name__)
 MAX_READ = 4 * 1024 * 1024  # per poll and job; the rest waits for the next poll
@@ -62,11 +63,14 @@ def _step(value) -> int | None:
 def job_metrics_ingest(job: Job) -> int:
     """Store the lines written since the last call; return how many steps were added."""
     path = job.metrics_path
-    if path is None or not path.exists() or path.stat().st_size <= job.metrics_offset:
+    if path is None:
         return 0
-    with open(path, "rb") as fh:
-        fh.seek(job.metrics_offset)
-        chunk = fh.read(MAX_READ)
+    try:
+        # The run writes this file as its owner: never through a link, never a FIFO,
+        # only a regular file of theirs (mtc.userfs).
+        chunk, _ = userfs.read_at(path, offset=job.metrics_offset, limit=MAX_READ)
+    except OSError:
+        return 0
     complete = chunk.rfind(b"\n") + 1  # a line still being written waits
     if not complete:
         return 0

@@ -31,8 +31,10 @@ from clusters.providers import get_provider
 from health.choices import FailureState
 from health.models import NodeFailure
 from health.services import failures_update
+from identity.selectors import account_for
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
+from mtc import userfs
 from node.train.config import STOP_NOW_FILE
 from slurm import SlurmError
 
@@ -107,10 +109,7 @@ def straggler_find(
 def _tail_lines(path: Path) -> list[dict]:
     """Whole lines of the last TAIL_BYTES of a rank's file (the run writes it: a line
     that is not what the runtime writes is skipped)."""
-    with open(path, "rb") as fh:
-        size = fh.seek(0, 2)
-        fh.seek(max(0, size - TAIL_BYTES))
-        chunk = fh.read()
+    chunk, size = userfs.read_tail(path, limit=TAIL_BYTES)
     lines = chunk.split(b"\n")
     lines = lines[1:-1] if size > TAIL_BYTES else lines[:-1]  # partial first, unfinished last
     rows = []
@@ -137,14 +136,17 @@ def job_step_times(job: Job) -> list[dict]:
     if not job.checkpoint_dir:
         return []
     directory = Path(job.checkpoint_dir).parent / "steptimes"
-    if not directory.is_dir():
+    try:
+        names = userfs.list_dir(directory)
+    except OSError:  # none yet, or not a folder of the run's owner
         return []
     since = job.start_time.timestamp() if job.start_time else 0.0
     rows: list[dict] = []
-    for path in directory.iterdir():
-        match = RANK_FILE_RE.fullmatch(path.name)
+    for name in sorted(names):
+        match = RANK_FILE_RE.fullmatch(name)
         if not match:
             continue
+        path = directory / name
         try:
             found = _tail_lines(path)
         except OSError:
@@ -158,8 +160,12 @@ def _stop_without_checkpoint(job: Job) -> None:
     """Ask the job's ranks to end at the requeue's SIGTERM without saving (the runtime's
     STOP_NOW_FILE): the straggler would save at its slow pace while the job cannot
     start elsewhere; it resumes from its last periodic checkpoint instead."""
+    account = account_for(user=job.owner) if job.owner is not None else None
+    mine = account if account is not None and account.isolated else None
     try:
-        (Path(job.checkpoint_dir).parent / STOP_NOW_FILE).write_text("straggler\n")
+        # A new file the run's owner owns, renamed over whatever had the name (a link
+        # the owner left there is replaced, never written through).
+        userfs.write(Path(job.checkpoint_dir).parent / STOP_NOW_FILE, "straggler\n", account=mine)
     except OSError as exc:  # the requeue still goes; the ranks then save first
         log.warning("job %s: could not ask for a stop without checkpoint: %s", job, exc)
 

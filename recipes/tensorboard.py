@@ -22,11 +22,11 @@ looked for a while.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -38,9 +38,9 @@ from django.conf import settings
 from clusters.choices import ClusterState
 from clusters.models import Cluster
 from clusters.providers import procs
-from identity import paths as identity_paths
 from identity.services import account_ensure
 from jobs.models import Job
+from mtc import userfs
 
 from . import tensorboard_process as process
 from .tensorboard_process import TensorBoardError
@@ -177,7 +177,7 @@ def _locked(cluster_id: str, key: str) -> Iterator[Path]:
     """One starter or stopper at a time per instance, across processes."""
     directory = _state_dir(cluster_id, key)
     for above in (_root(), directory.parent, directory):
-        identity_paths.traverse_only(above)  # the account passes through to own/
+        userfs.dir_pass(above)  # the account passes through to own/
     fd = os.open(directory / "lock", os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -292,5 +292,6 @@ def tensorboards_stop_idle(*, idle_s: float) -> list[str]:
             if _stop(cluster_id, key):
                 stopped.append(f"{cluster_id}/{key}")
         if cluster_id not in live:
-            shutil.rmtree(root / cluster_id, ignore_errors=True)
+            with contextlib.suppress(OSError):  # users' own/ folders inside: by descriptor
+                userfs.remove(root / cluster_id)
     return stopped

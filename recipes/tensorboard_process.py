@@ -5,15 +5,14 @@ folder of the account's own (0700) that mtc opens without following links."""
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from clusters.providers import procs
-from identity import paths as identity_paths
 from identity.runas import Account, popen_as
+from mtc import userfs
 from mtc.devstack import free_port
 
 START_TIMEOUT_S = 30.0
@@ -42,13 +41,8 @@ def reap_children() -> None:
 def own_dir(directory: Path, account: Account | None) -> Path:
     """The instance's folder for the process itself (its log, HOME and TMPDIR): the
     account's alone. Its parent is mtc's, so the account cannot swap it for a link."""
-    identity_paths.traverse_only(directory)
-    own = directory / "own"
-    if account is None:
-        own.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(own, 0o700)
-        return own
-    return identity_paths.user_dir(own, account)
+    userfs.dir_pass(directory)
+    return userfs.dir_own(directory / "own", account)
 
 
 def command(*, prefix: str, title: str, port: int, runs: dict[str, str]) -> list[str]:
@@ -80,26 +74,17 @@ def _environment(own: Path) -> dict[str, str]:
 
 def _open_log(own: Path, account: Account | None) -> int:
     """A fresh log file: removed and made anew, never through a link the account left."""
-    path = own / LOG_NAME
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    if account is not None and os.geteuid() == 0:
-        os.fchown(fd, account.uid, account.gid)
-    return fd
+    return userfs.create(own / LOG_NAME, account=account)
 
 
 def log_tail(own: Path, uid: int, lines: int = 5) -> str:
     """The last lines of the log, read only if it is a plain file of the instance's uid
     (the account could have left a link to something it may not read in its place)."""
     try:
-        fd = os.open(own / LOG_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with userfs.open_read(own / LOG_NAME, owner=uid) as log:
+            text = log.read(64 * 1024).decode(errors="replace")
     except OSError:
         return ""
-    with os.fdopen(fd, "rb") as log:
-        info = os.fstat(log.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != uid or info.st_nlink != 1:
-            return ""
-        text = log.read(64 * 1024).decode(errors="replace")
     return " | ".join(text.strip().splitlines()[-lines:])
 
 

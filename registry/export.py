@@ -9,11 +9,9 @@ import contextlib
 import json
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ from pathlib import Path
 from django.conf import settings
 
 from identity.runas import Account, run_as
+from mtc import userfs
 from node.export import EXIT_EXPORT_ERROR
 
 OUT_NAME = "model"  # what the export writes inside the staging directory
@@ -72,26 +71,24 @@ class Staging:
 
 @contextlib.contextmanager
 def staging_dir(parent: Path, account: Account, *, prefix: str) -> Iterator[Staging]:
-    """A new directory under ``parent`` (the owner's job root) owned by ``account``,
-    removed afterwards with everything in it."""
-    parent.mkdir(parents=True, exist_ok=True)
+    """A new directory under ``parent`` (the owner's job root, which exists) owned by
+    ``account``, removed afterwards with everything in it. The owner can write in
+    ``parent``: everything here goes through mtc.userfs (no link followed)."""
     # A worker that died mid-way left one; a younger one may be another run's, still going.
     too_old = time.time() - export_limits()[1] - 300
-    for stale in parent.glob(f"{prefix}*"):
-        with contextlib.suppress(OSError):
-            if os.lstat(stale).st_mtime < too_old:
-                shutil.rmtree(stale)  # refuses a symlink; fd-based inside (no races)
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    with contextlib.suppress(OSError):
+        for name in userfs.list_dir(parent):
+            if name.startswith(prefix):
+                with contextlib.suppress(OSError):
+                    if userfs.lookup(parent / name).st_mtime < too_old:
+                        userfs.remove(parent / name)
+    path, fd = userfs.dir_temp(parent, account, prefix=prefix)
     try:
-        # Through the descriptor: a path could already be a symlink the owner put there.
-        if os.geteuid() == 0 and account.uid != 0:
-            os.fchown(fd, account.uid, account.gid)
-        os.fchmod(fd, 0o700)
         yield Staging(path=path, fd=fd)
     finally:
         os.close(fd)
-        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            userfs.remove(path)
 
 
 def export_limits() -> tuple[int, int]:

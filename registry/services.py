@@ -20,7 +20,9 @@ from identity.services import IdentityMissing
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from jobs.services import job_account, job_root
+from mtc import userfs
 from mtc.queue import task_enqueue
+from mtc.secretfile import private_dir
 
 from .checkpoints import final_checkpoint
 from .export import OUT_NAME, ExportFailed, export_limits, export_run, mtc_account, staging_dir
@@ -209,7 +211,7 @@ def _export_account(version: ModelVersion):
 def _staging_parent(version: ModelVersion, account) -> Path:
     """A directory of the export's account to stage it in: the owner's job root."""
     if account is None:
-        return Path(settings.DATA_DIR) / "registry" / ".staging"
+        return private_dir(Path(settings.DATA_DIR) / "registry" / ".staging")
     job = version.source_job
     cluster = version.cluster or (job.cluster if job is not None else None)
     if cluster is None:
@@ -336,7 +338,7 @@ def _metrics_settled(job: Job, now) -> bool:
     """Whether the poller has stored the run's last metrics (the version's figures)."""
     path = job.metrics_path
     try:
-        unread = path is not None and path.stat().st_size > job.metrics_offset
+        unread = path is not None and userfs.lookup(path).st_size > job.metrics_offset
     except OSError:
         unread = False
     return not unread or (job.end_time is not None and now - job.end_time > METRICS_GRACE)

@@ -12,6 +12,7 @@ from typing import Any
 from clusters.choices import CLUSTER_LIVE_STATES
 from clusters.models import Cluster
 from jobs import services as job_services
+from mtc import userfs
 from mtc.fielderrors import FieldErrors
 from mtc.numbers import is_whole_number
 from registry.models import Model, ModelAlias, ModelVersion, VersionState
@@ -95,10 +96,11 @@ def _float(data: dict, key: str, errors: dict, *, default: float, high: float) -
 def has_chat_template(export_path: str) -> bool:
     """Whether the saved tokenizer carries a chat template (files save_pretrained writes)."""
     root = Path(export_path)
-    if (root / "chat_template.jinja").exists() or (root / "chat_template.json").exists():
+    if userfs.is_file(root / "chat_template.jinja") or userfs.is_file(root / "chat_template.json"):
         return True
     try:
-        return bool(json.loads((root / "tokenizer_config.json").read_text()).get("chat_template"))
+        config = json.loads(userfs.read_bytes(root / "tokenizer_config.json", limit=64 * 2**20))
+        return isinstance(config, dict) and bool(config.get("chat_template"))
     except (OSError, ValueError):
         return False
 
@@ -131,7 +133,7 @@ def version_resolve(model_name: Any, ref: Any, errors: dict) -> tuple[ModelVersi
         return None, alias
     if version.state != VersionState.READY:
         errors["version"] = f"{version} is {version.state}; only READY versions can be served."
-    elif not version.export_path or not (Path(version.export_path) / "config.json").exists():
+    elif not version.export_path or not userfs.is_file(Path(version.export_path) / "config.json"):
         errors["version"] = f"{version} has no exported model at '{version.export_path}'."
     return version, alias
 

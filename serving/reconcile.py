@@ -15,6 +15,7 @@ import redis
 from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES, JobState
+from mtc import userfs
 from mtc.db import bulk_insert
 from slurm.hostlist import expand_hostlist
 
@@ -40,6 +41,7 @@ from .transport import ReplicaTimeout, ReplicaUnreachable, replica_call
 
 log = logging.getLogger(__name__)
 HOST_RE = re.compile(r"[A-Za-z0-9._:%-]{1,255}")  # a name, IPv4 or IPv6 (Replica.host holds 255)
+REPLICA_FILE_MAX = 64 * 1024  # replica.json is a line of JSON
 RESTOP_AFTER_S = 15  # a stopping replica whose job still runs gets another scancel
 
 
@@ -69,7 +71,10 @@ def request_rate(endpoint: Endpoint, now: datetime) -> float:
 def replica_address(replica: Replica) -> tuple[str, int] | None:
     """The address the replica's server wrote once it listened, if it is this job's."""
     try:
-        state = json.loads((Path(replica.run_dir) / "replica.json").read_text())
+        # The replica's job writes this file in its owner's folder: read without
+        # following a link, a regular file of theirs, at most 64 KiB.
+        raw = userfs.read_bytes(Path(replica.run_dir) / "replica.json", limit=REPLICA_FILE_MAX)
+        state = json.loads(raw)
         job_id, restart = str(state.get("job_id")), int(state.get("restart", 0))
         host, port = str(state["host"]), int(state["port"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -186,7 +191,7 @@ def replica_observe(endpoint: Endpoint, replica: Replica, now: datetime) -> None
         return
     if replica.state == ReplicaState.STARTING:
         return  # it wrote its address, so it is up in a moment (or the timeout catches it)
-    if not (Path(replica.run_dir) / "replica.json").exists():
+    if not userfs.is_file(Path(replica.run_dir) / "replica.json"):
         # The server removes its address file when it exits: the process is gone.
         _replica_failed(endpoint, replica, f"its server exited ({message})", now)
         replica_job_cancel(replica)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import shlex
 from pathlib import Path
@@ -14,9 +13,9 @@ from django.utils import timezone
 
 from clusters.providers import get_provider
 from clusters.runroot import NoRunRoot
-from identity import paths as identity_paths
 from identity.services import IdentityMissing
 from jobs import services as job_services
+from mtc import userfs
 from mtc.queue import queue_require, task_enqueue
 from slurm import SlurmError
 from slurm.submit import SubmissionError
@@ -105,22 +104,20 @@ def replica_run_dir(endpoint: Endpoint, number: int) -> Path:
     root = job_services.job_root(endpoint.cluster, account) / "serving"
     run_dir = root / f"endpoint-{endpoint.pk}" / f"replica-{number}"
     if account is not None and account.isolated:
-        for path in (root, run_dir.parent, run_dir):
-            identity_paths.user_dir(path, account)
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        with job_services.owner_folders():
+            for path in (root, run_dir.parent, run_dir):
+                userfs.dir_own(path, account)
+    else:  # single-user mode: the cluster's folder, mtc's own
+        userfs.dir_pass(run_dir, mode=0o755)
     return run_dir
 
 
-def _token_write(path: Path, token: str) -> None:
+def _token_write(path: Path, token: str, account) -> None:
     """Readable by the replica's account only: the token is all that guards its port.
-    The file takes the owner of its directory (the replica runs as them)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        folder = path.parent.stat()
-        if os.geteuid() == 0 and folder.st_uid != 0:
-            os.fchown(fh.fileno(), folder.st_uid, folder.st_gid)
-        fh.write(token + "\n")
+    A new file, the account's from the start, renamed over whatever had the name (a
+    link the account left there is replaced, never followed)."""
+    with job_services.owner_folders():
+        userfs.write(path, token + "\n", account=account, mode=0o600)
 
 
 def replica_script(endpoint: Endpoint, number: int, run_dir: Path) -> str:
@@ -143,18 +140,25 @@ def replica_script(endpoint: Endpoint, number: int, run_dir: Path) -> str:
     )
 
 
+def _start_failed(endpoint: Endpoint, message: str) -> None:
+    """Say why on the endpoint, in the row and in the caller's copy (the reconcile
+    writes its copy's status back at the end of its round)."""
+    endpoint.status_message = message[:500]
+    Endpoint.objects.filter(pk=endpoint.pk).update(status_message=endpoint.status_message)
+
+
 def replica_start(*, endpoint: Endpoint) -> Replica | None:
     """Submit one replica job. None (and a status message) when Slurm refuses."""
     Endpoint.objects.filter(pk=endpoint.pk).update(replica_counter=F("replica_counter") + 1)
     number = Endpoint.objects.values_list("replica_counter", flat=True).get(pk=endpoint.pk)
     try:
         run_dir = replica_run_dir(endpoint, number)
-    except (IdentityMissing, NoRunRoot) as exc:
-        Endpoint.objects.filter(pk=endpoint.pk).update(
-            status_message=f"Could not start a replica: {exc}"[:500]
-        )
+        account = job_services.job_account(endpoint.owner)
+        mine = account if account is not None and account.isolated else None
+        _token_write(run_dir / "token", endpoint.replica_token, mine)
+    except (IdentityMissing, NoRunRoot, job_services.FolderConflict) as exc:
+        _start_failed(endpoint, f"Could not start a replica: {exc}")
         return None
-    _token_write(run_dir / "token", endpoint.replica_token)
     job_body = {
         "name": f"serve-{endpoint.name}-r{number}",
         "script": replica_script(endpoint, number, run_dir),
@@ -173,9 +177,7 @@ def replica_start(*, endpoint: Endpoint) -> Replica | None:
         )
     except (SubmissionError, job_services.JobConflict, SlurmError) as exc:
         log.warning("endpoint %s: replica %d not submitted: %s", endpoint.pk, number, exc)
-        Endpoint.objects.filter(pk=endpoint.pk).update(
-            status_message=f"Could not submit a replica job: {exc}"[:500]
-        )
+        _start_failed(endpoint, f"Could not submit a replica job: {exc}")
         return None
     replica = Replica.objects.create(
         endpoint=endpoint, number=number, job=job, run_dir=str(run_dir)

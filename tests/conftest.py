@@ -176,3 +176,26 @@ def browser():
         chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _user_tree_audit():
+    """tests/fsaudit.py: mtc's code touches users' trees only through mtc/userfs.py."""
+    from . import fsaudit
+
+    fsaudit.install()
+    fsaudit.take()  # what collection and earlier fixtures did is not a test's
+
+
+@pytest.fixture(autouse=True)
+def _user_tree_findings(_user_tree_audit):
+    from . import fsaudit
+
+    fsaudit.take()
+    yield
+    found = fsaudit.take()
+    if found:
+        pytest.fail(
+            "mtc touched a user's tree as root without mtc/userfs.py:\n  " + "\n  ".join(found),
+            pytrace=False,
+        )

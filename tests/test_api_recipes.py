@@ -13,6 +13,7 @@ from jobs.models import Job
 from recipes.catalog import RECIPES
 
 from .conftest import make_spec
+from .unix import give
 
 
 @pytest.fixture
@@ -230,7 +231,6 @@ def submits(monkeypatch) -> list:
 @pytest.fixture
 def places(settings, cluster, local_identity, django_user_model):
     """A root-only folder (0700), a world-readable file, and another user's run dir."""
-    from identity import paths as identity_paths
     from identity.services import account_ensure
     from jobs.services import job_root
 
@@ -245,7 +245,7 @@ def places(settings, cluster, local_identity, django_user_model):
     bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
     bobs = job_root(cluster, account_ensure(user=bob)) / "runs" / "sft-1"
     (bobs / "checkpoints").mkdir(parents=True)
-    identity_paths.give(bobs.parent, account_ensure(user=bob))
+    give(bobs.parent, account_ensure(user=bob))
     yield {"secret": secret, "shared": shared, "bobs": bobs / "checkpoints"}
     import shutil
 

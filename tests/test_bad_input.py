@@ -235,3 +235,13 @@ def test_a_token_name_with_a_nul_or_control_character_is_refused(db, user_api, u
     page = client.post("/profile/tokens/", {"action": "create", "name": "a\x00b"})
     assert page.status_code == 400
     assert not ApiToken.objects.filter(user=user).exists()
+
+
+@pytest.mark.parametrize("path", ["/api/v1/clusters", "/api/v1/endpoints", "/api/v1/tokens"])
+def test_a_body_over_the_limit_is_a_413_in_the_error_shape(db, operator_api, settings, path):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+    body = b'{"name": "' + b"x" * (2 * 1024 * 1024) + b'"}'
+    response = operator_api.generic("POST", path, body, content_type="application/json")
+    assert response.status_code == 413, response.content
+    error = response.json()["error"]
+    assert error["code"] == "PAYLOAD_TOO_LARGE" and "1048576 bytes" in error["message"]

@@ -90,3 +90,31 @@ def test_data_tokenize_writes_a_shard_set(tmp_path):
 
         pq.write_table(pa.table({"other": ["x"]}), tmp_path / "t.parquet")
         run("data", "tokenize", str(tmp_path / "t.parquet"), str(tmp_path / "o"))
+
+
+def test_plan_on_a_data_dir_never_migrated_says_what_to_run_first(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    from clusters.reference_architectures import architecture_get
+
+    spec_file = tmp_path / "a3u.json"
+    spec_file.write_text(json.dumps(architecture_get("a3-ultra-pretraining").build_spec()))
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["MTC_DATA_DIR"] = str(tmp_path / "fresh")
+    done = subprocess.run(
+        [sys.executable, "manage.py", "mtc", "cluster", "plan", "-f", str(spec_file)],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [
+        f"CommandError: mtc's database ({tmp_path / 'fresh' / 'mtc.sqlite3'}) is not set up "
+        "yet: run `python manage.py migrate` (or `make run`) first."
+    ], done.stderr

@@ -17,7 +17,6 @@ from django.conf import settings as django_settings
 
 from clusters.models import Cluster
 from clusters.spec import validate_cluster_spec
-from identity.paths import give
 from identity.runas import run_as
 from identity.services import account_ensure
 from identity.sources import local
@@ -29,6 +28,7 @@ from registry.models import Model, ModelVersion
 
 from .conftest import make_spec
 from .test_registry import TINY_RUN, completed_job, register
+from .unix import give
 
 STEP = "step-000003"
 

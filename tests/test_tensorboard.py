@@ -25,6 +25,7 @@ from recipes import tasks, tensorboard
 from recipes.tensorboard_views import tensorboard_proxy
 
 from .conftest import make_spec
+from .unix import give
 from .waiting import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -239,9 +240,7 @@ def isolated(settings, django_user_model):
             accounts.append(account.name)
             run_dir = job_root(cluster, account) / "runs" / f"run{number}"
             write_events(run_dir, [1.0, 0.5])
-            from identity import paths as identity_paths
-
-            identity_paths.give(run_dir.parent, account)
+            give(run_dir.parent, account)
             job = Job.objects.create(
                 cluster=cluster,
                 job_id=str(number),

@@ -19,3 +19,14 @@ def spare_uids(count: int = 1) -> int:
         if all(id_free(base + n) for n in range(count)):
             return base
     raise RuntimeError(f"no {count} free uids in {SPARE_UIDS}")
+
+
+def give(path, account) -> None:
+    """Hand a tree a test wrote as root to the account (as a user's own job would have
+    written it). Test setup only: mtc itself never chowns by path (mtc/userfs.py)."""
+    import os
+
+    for dirpath, _dirs, filenames in os.walk(path):
+        os.chown(dirpath, account.uid, account.gid)
+        for name in filenames:
+            os.chown(os.path.join(dirpath, name), account.uid, account.gid)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from mtc import accounting, cpu
+from mtc import accounting, cpu, userfs
 from mtc.secretfile import private_append
 from slurm import SlurmClient, SlurmError
 from slurm import config as slurm_config
@@ -177,10 +177,8 @@ class LocalProvider(LocalNodes, Provider):
         if os.geteuid() == 0:
             user = {"user": RESTD_USER, "group": RESTD_GROUP, "extra_groups": []}
         socket_dir = Path(socket_path).parent
-        socket_dir.mkdir(mode=0o700, exist_ok=True)
-        if user:
-            os.chown(socket_dir, pwd.getpwnam(RESTD_USER).pw_uid, -1)
-        os.chmod(socket_dir, 0o700)
+        restd = userfs.Ids(pwd.getpwnam(RESTD_USER).pw_uid, os.getegid()) if user else None
+        userfs.dir_own(socket_dir, restd, mode=0o700)
         args = [
             "slurmrestd",
             "-f",

@@ -21,6 +21,7 @@ from ldap.filter import escape_filter_chars
 
 from identity.ldap_backend import connection_options
 from identity.sources.base import AccountData, IdentityMissing
+from mtc import userfs
 
 POSIX_ATTRS = ("uidNumber", "gidNumber", "homeDirectory")
 POSIX_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -130,8 +131,7 @@ def account_materialise(data: AccountData) -> None:
     if not os.path.isdir(data.home):
         # Sites mount homes (NFS, autofs); here the job's working directory must exist.
         os.makedirs(os.path.dirname(data.home) or "/", exist_ok=True)
-        os.mkdir(data.home, 0o700)
-        os.chown(data.home, data.uid, data.gid)
+        userfs.dir_own(data.home, data)
 
 
 def _check_existing(data: AccountData) -> None:

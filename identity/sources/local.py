@@ -17,6 +17,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from mtc import userfs
+
 from .base import AccountData, IdentityMissing
 
 log = logging.getLogger(__name__)
@@ -142,9 +144,7 @@ def account_create(*, username: str, taken_uids: Iterable[int] = ()) -> AccountD
 def _home_make(home: Path, uid: int) -> None:
     if home.parent != home_root():  # not ours to make (an account of another data dir)
         return
-    home.mkdir(mode=0o700, exist_ok=True)
-    os.chown(home, uid, uid)
-    os.chmod(home, 0o700)
+    userfs.dir_own(home, userfs.Ids(uid, uid))
 
 
 def _comment(username: str) -> str:

@@ -3,6 +3,8 @@
 import logging
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, JsonResponse
 from django.shortcuts import render
 from django.views import csrf as csrf_views
@@ -55,6 +57,17 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, str]:
 INTERNAL = ("INTERNAL", "The server failed on this request; the error is logged.")
 
 
+def _refused_request(exc: Exception) -> tuple[str, str, int] | None:
+    """(code, message, status) for a request Django refuses to read: a body over
+    DATA_UPLOAD_MAX_MEMORY_SIZE is 413, other refusals (too many fields) 400."""
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return "PAYLOAD_TOO_LARGE", f"The request body is over the limit of {limit} bytes.", 413
+    if isinstance(exc, SuspiciousOperation):
+        return "INVALID_ARGUMENT", f"The request was refused: {exc}", 400
+    return None
+
+
 def api_error_response(code: str, message: str, *, status: int) -> JsonResponse:
     return JsonResponse(error_body(code, message), status=status)
 
@@ -87,6 +100,9 @@ class ApiErrorMiddleware:
             return render(request, "503.html", {"message": str(exception)}, status=503)
         if not request.path.startswith("/api/") or isinstance(exception, Http404):
             return None
+        if refused := _refused_request(exception):
+            code, message, status = refused
+            return api_error_response(code, message, status=status)
         log.exception("API %s %s failed", request.method, request.path)
         return api_error_response(*INTERNAL, status=500)
 
@@ -102,6 +118,9 @@ def exception_handler(exc, context):
         return Response(error_body("UNAVAILABLE", str(exc)), status=503)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
+    if refused := _refused_request(exc):
+        code, message, status = refused
+        return Response(error_body(code, message), status=status)
     response = drf_exception_handler(exc, context)
     if response is None:  # a bug, not the client's fault: still the API's error shape
         request = context.get("request")

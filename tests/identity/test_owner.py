@@ -11,11 +11,12 @@ from django.conf import settings as django_settings
 
 from clusters import services as cluster_services
 from clusters.models import Cluster
-from identity import paths as identity_paths
 from identity.models import PosixAccount
 from identity.services import account_ensure
+from mtc import userfs
 
 from ..conftest import cluster_processes, cluster_root, make_spec
+from ..unix import give
 from ..waiting import job_wait_state
 
 pytestmark = pytest.mark.slurm
@@ -94,9 +95,9 @@ def test_another_users_output_and_checkpoints_are_out_of_reach(
     their_root = cluster_root("idn") / "users" / other.name
     checkpoint = their_root / "runs" / "r1" / "checkpoints" / "step-000001"
     for path in (checkpoint.parent.parent, checkpoint.parent, checkpoint):
-        identity_paths.user_dir(path, other)
+        userfs.dir_own(path, other)
     (checkpoint / ".metadata").write_bytes(b"weights")
-    identity_paths.give(checkpoint, other)
+    give(checkpoint, other)
     their_output = next((their_root / "output").iterdir())
     targets = [their_output, checkpoint / ".metadata", their_root / "runs"]
     script = "#!/bin/bash\n" + "".join(f"cat {path}\n" for path in targets[:2])

@@ -23,6 +23,7 @@ import time
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.utils import OperationalError, ProgrammingError
 
 from clusters import selectors, services
 from clusters.choices import CLUSTER_LIVE_STATES, OperationState
@@ -31,6 +32,18 @@ from clusters.models import Cluster, Node, Operation
 from clusters.providers import ProviderError, get_provider
 from clusters.spec import SpecError, validate_cluster_spec
 from node.train.shards import tokenize_argparser, tokenize_command
+
+
+def database_unmigrated() -> bool:
+    """Whether migrations are left to apply (a data dir nobody migrated yet)."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    try:
+        executor = MigrationExecutor(connection)
+        return bool(executor.migration_plan(executor.loader.graph.leaf_nodes()))
+    except (OperationalError, ProgrammingError):
+        return True
 
 
 class Command(BaseCommand):
@@ -100,6 +113,17 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **opts) -> None:
+        try:
+            self._dispatch(opts)
+        except (OperationalError, ProgrammingError) as exc:
+            if not database_unmigrated():
+                raise
+            raise CommandError(
+                f"mtc's database ({settings.DATABASES['default']['NAME']}) is not set up yet: "
+                "run `python manage.py migrate` (or `make run`) first."
+            ) from exc
+
+    def _dispatch(self, opts) -> None:
         group = opts["group"]
         if group == "cluster":
             getattr(self, f"cluster_{opts['verb']}")(opts)
