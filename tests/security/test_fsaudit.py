@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from mtc import userfs
 
 from .. import fsaudit
+
+pytestmark = pytest.mark.security
 
 
 def run_as_app_code(source: str, **names) -> None:

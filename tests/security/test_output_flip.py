@@ -17,7 +17,7 @@ from ..conftest import cluster_root, make_spec
 from ..waiting import job_wait_state, wait_until
 from .conftest import RootOnly
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.security]
 READS = 2000
 
 FLIP = """#!/bin/bash

@@ -28,6 +28,7 @@ from recipes.catalog import RECIPES
 from ..conftest import make_spec
 from .conftest import make_dirs, make_fifo, plant_link
 
+pytestmark = pytest.mark.security
 JOBS = "/api/v1/clusters/rc/jobs"
 LAUNCH_API = "/api/v1/clusters/rc/recipes/llama-pretrain/launch"
 LAUNCH_PAGE = "/clusters/rc/recipes/llama-pretrain/launch/"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.security
 REPO = Path(__file__).resolve().parents[2]
 APPS = ("mtc", "identity", "slurm", "clusters", "jobs", "recipes", "health", "registry", "serving")
 USERFS = REPO / "mtc" / "userfs.py"

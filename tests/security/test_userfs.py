@@ -17,7 +17,10 @@ from mtc.userfs import UnsafePath
 
 from ..unix import spare_uids
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: it plays mtc")
+pytestmark = [
+    pytest.mark.security,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: it plays mtc"),
+]
 
 
 @pytest.fixture
