@@ -33,6 +33,10 @@ from pathlib import Path
 
 from mtc.secretfile import private_append, private_dir, secret_create, secret_write
 
+# What Slurm keeps from users about each other: slurmdbd.conf here, every slurm.conf
+# mtc writes (slurm/config.py, the gce bootstrap) likewise. Root (mtc) sees everything.
+PRIVATE_DATA = "jobs,usage,users,accounts"
+
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
 
@@ -216,6 +220,8 @@ def _start_slurmdbd(d: dict[str, Path], *, db_port: int, dbd_port: int) -> None:
             f"StorageUser={DB_USER}",
             f"StoragePass={password}",
             f"StorageLoc={DB_NAME}",
+            # sacct -a from a job lists only its own user's jobs (slurmdbd answers sacct).
+            f"PrivateData={PRIVATE_DATA}",
             "",
         ]
     )

@@ -14,9 +14,11 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
-from mtc import accounting
+import redis
+
+from mtc import accounting, firewall, redisauth
 from mtc.secretfile import private_append, private_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -96,32 +98,33 @@ class Stack:
         return proc
 
     def start_redis(self) -> str | None:
-        """Start Redis for REDIS_URL unless one already answers there. Returns the URL."""
+        """Start Redis for REDIS_URL unless one already answers there. Returns the URL.
+        A URL without credentials gets mtc's own (mtc/redisauth.py): the server this
+        starts lets nobody in without them."""
         url = self.env.get("REDIS_URL") or f"redis://127.0.0.1:{free_port()}/0"
+        if not redisauth.has_credentials(url):
+            url = redisauth.with_credentials(url, redisauth.redis_password(self.data_dir))
         self.env["REDIS_URL"] = url
         parsed = urlparse(url)
         host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
         if port_open(host, port):
+            try:
+                redis.Redis.from_url(url, socket_timeout=2).ping()
+            except redis.RedisError as exc:
+                raise RuntimeError(
+                    f"a Redis already answers on {host}:{port} and does not take mtc's "
+                    f"credentials ({exc}): stop it, or set REDIS_URL to one that does"
+                ) from exc
             return url
         redis_dir = private_dir(self.data_dir / "redis")  # its queue holds task arguments
-        self._start(
-            "redis",
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(redis_dir),
-                "--daemonize",
-                "no",
-            ],
+        config = redisauth.server_config(
+            redis_dir / "redis.conf",
+            port=port,
+            password=unquote(parsed.password or ""),
+            user=unquote(parsed.username or redisauth.REDIS_USER),
+            directory=redis_dir,
         )
+        self._start("redis", ["redis-server", str(config)])
         wait_for(lambda: port_open(host, port), 10, f"Redis on port {port}")
         return url
 
@@ -205,7 +208,18 @@ class Stack:
                 return False
 
         wait_for(answers, 30, f"the web server on port {port}")
+        # Where a firewall table of this installation exists, jobs are kept off this too.
+        firewall.firewall_ports_add(firewall.table_for(self.data_dir), [port])
         return proc
+
+    def firewall_ports(self, web_port: int) -> list[str]:
+        """``--port`` arguments for `mtc firewall up`: the web server's and MariaDB's."""
+        ports = [web_port]
+        if self.accounting_dir is not None:
+            mariadb = self.accounting_dir / "run" / "mariadb.port"
+            if mariadb.exists():
+                ports.append(int(mariadb.read_text()))
+        return [arg for p in ports for arg in ("--port", str(p))]
 
     def stop(self, name: str, *, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
         proc = self.procs.pop(name, None)

@@ -11,12 +11,14 @@ MTC_PRODUCTION=1  behind a TLS proxy (deploy/): secure cookies, HSTS, HTTPS redi
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from mtc.redisauth import redis_password, with_credentials
 from mtc.secretfile import secret_create
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -82,6 +84,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",  # sign-in lockout (below: AXES_*)
     "rest_framework",
     "django_filters",
     "drf_spectacular",
@@ -110,6 +113,8 @@ MIDDLEWARE = [
     "mtc.api.errors.ApiErrorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: a locked-out sign-in answers its page (429).
+    "axes.middleware.AxesMiddleware",
 ]
 if os.environ.get("MTC_SERVER_TIMING") == "1":
     # Outermost, so the figures cover every middleware too.
@@ -198,6 +203,7 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["mtc.api.filters.FilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "mtc.api.schema.AutoSchema",
+    "DEFAULT_THROTTLE_CLASSES": ["mtc.api.throttle.TokenRateThrottle"],
     "EXCEPTION_HANDLER": "mtc.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -237,13 +243,50 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6389/0")
+# The Redis `make run` starts logs in mtc's own ACL user with the data dir's password
+# (mtc/redisauth.py); a REDIS_URL from the environment is used as it is (a site's Redis
+# with its own credentials in the URL, or the one `make test` starts).
+REDIS_URL = os.environ.get("REDIS_URL") or with_credentials(
+    "redis://127.0.0.1:6389/0", redis_password(DATA_DIR)
+)
 # Token-authenticated API reads are kept this many seconds in Redis, served again to the
 # same user and dropped at once by a write to their path (mtc/api/readcache.py); 0: off.
 MTC_API_READ_CACHE_SECONDS = float(os.environ.get("MTC_API_READ_CACHE_SECONDS", "1"))
 # A cluster's job list counts its jobs from a tally in Redis, not COUNT(*) over its whole
 # history (jobs/tally.py); 0: off.
 MTC_JOB_TALLY = os.environ.get("MTC_JOB_TALLY", "1") == "1"
+# Django's cache (sign-in failures, the cloud metrics' short cache) in the same Redis, so
+# every web and worker process counts together; Redis away reads as empty (mtc/cache.py).
+CACHES = {
+    "default": {
+        "BACKEND": "mtc.cache.FailOpenRedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "mtc:cache",
+        "OPTIONS": {"socket_timeout": 1, "socket_connect_timeout": 1},
+    }
+}
+# Sign-in lockout (django-axes): MTC_SIGNIN_FAILURES wrong passwords for one username
+# from one address lock that pair out for MTC_SIGNIN_LOCKOUT_MINUTES, so a tenant cannot
+# lock an operator out from elsewhere. The attempts are rows in the database every web
+# process shares; an operator sees them in the admin (Axes, "Access attempts") and
+# unlocks there or with `python manage.py axes_reset_username <name>`.
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_DISABLE_ACCESS_LOG = True  # failures are kept; a row per successful sign-in is not
+AXES_FAILURE_LIMIT = int(os.environ.get("MTC_SIGNIN_FAILURES", "20"))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("MTC_SIGNIN_LOCKOUT_MINUTES", "30")))
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_VERBOSE = False
+if PRODUCTION:
+    # Behind the one proxy (deploy/nginx-mtc.conf sets X-Forwarded-For): the client's
+    # address is the proxy's last hop, not the loopback every request comes from.
+    AXES_IPWARE_PROXY_COUNT = 1
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+# Per API token (per user for a session) and minute, counted in Redis (mtc/api/throttle.py):
+# a runaway script gets 429 with Retry-After; the load bench's one-token mix (~35,000 a
+# minute) stays under the default. 0: no limit.
+MTC_API_RATE_PER_MINUTE = int(os.environ.get("MTC_API_RATE_PER_MINUTE", "60000"))
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
@@ -435,12 +478,14 @@ MTC_LDAP_BIND_PASSWORD = os.environ.get("MTC_LDAP_BIND_PASSWORD", "")
 MTC_LDAP_USER_BASE = os.environ.get("MTC_LDAP_USER_BASE", "")
 MTC_LDAP_USER_FILTER = os.environ.get("MTC_LDAP_USER_FILTER", "(uid=%(user)s)")
 MTC_LDAP_TIMEOUT_S = float(os.environ.get("MTC_LDAP_TIMEOUT_S", "5"))
-if MTC_IDENTITY == "ldap":
-    # The directory first; ModelBackend stays for the local admin `make run` creates.
-    AUTHENTICATION_BACKENDS = [
-        "identity.ldap_backend.DirectoryBackend",
-        "django.contrib.auth.backends.ModelBackend",
-    ]
+# django-axes first: a locked-out username and address is refused before any password
+# is checked. The directory next in `ldap` mode; ModelBackend stays for the local admin
+# `make run` creates.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    *(["identity.ldap_backend.DirectoryBackend"] if MTC_IDENTITY == "ldap" else []),
+    "django.contrib.auth.backends.ModelBackend",
+]
 
 LOGGING = {
     "version": 1,

@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mtc.devstack import BASE_DIR, Stack  # noqa: E402
+from mtc.redisauth import without_credentials  # noqa: E402
 
 
 def main() -> int:
@@ -37,7 +38,7 @@ def main() -> int:
         bootstrap = stack.manage("mtc", "bootstrap")
         print(bootstrap.stdout, end="")
         stack.start_redis()
-        print(f"mtc: Redis at {stack.env['REDIS_URL']}")
+        print(f"mtc: Redis at {without_credentials(stack.env['REDIS_URL'])}")
         dbd_port = int(os.environ.get("MTC_SLURMDBD_PORT", "6829") or 0)
         if dbd_port:
             print(f"mtc: accounting: {stack.start_accounting(dbd_port)}")
@@ -47,6 +48,10 @@ def main() -> int:
         stack.start_worker(name="worker-operations", queues=("operations",), beat=False)
         stack.start_worker(name="worker-polls", queues=("polls",), beat=True)
         stack.start_web(port)
+        # Jobs run on this host as their owners: keep their accounts off Redis, the web
+        # server, MariaDB and a local PostgreSQL (mtc/firewall.py; says so when it cannot).
+        firewall = stack.manage("mtc", "firewall", "up", *stack.firewall_ports(port), check=False)
+        print("mtc: " + (firewall.stdout + firewall.stderr).strip())
         demo = stack.manage("mtc", "demo", check=False)
         print(demo.stdout + demo.stderr, end="")
         print(f"\nmtc is running at http://127.0.0.1:{port}/  (API docs: /api/docs/)")
@@ -62,6 +67,7 @@ def main() -> int:
             time.sleep(0.5)
     finally:
         print("mtc: stopping web, workers, Redis and accounting ...")
+        stack.manage("mtc", "firewall", "down", check=False)
         stack.stop_all()
         print("mtc: stopped. Local clusters keep running; `make stop-clusters` stops them.")
     return 0

@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 # mariadb-server and slurmdbd: Slurm accounting (mtc/accounting.py runs a private
 # MariaDB and slurmdbd; the system-wide service is stopped below, never used).
 # debootstrap: tests/test_gce_image.py provisions the gce node image in a Debian 12 chroot.
-PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server postgresql chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev python3-dev mariadb-server slurmdbd debootstrap)
+# nftables: mtc/firewall.py keeps jobs' accounts off mtc's listeners on this host.
+PACKAGES=(slurm-wlm slurmrestd slurm-wlm-jwt-plugin munge redis-server postgresql chromium python3-venv procps slapd ldap-utils libldap2-dev libsasl2-dev python3-dev mariadb-server slurmdbd debootstrap nftables)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -30,6 +30,9 @@ DB_LANE_UID_RANGE="$((UID_BLOCK + 120))-$((UID_BLOCK + 209))"
 PG_UID_RANGE="$((UID_BLOCK + 210))-$UID_BLOCK_END"
 export MTC_DATA_DIR="$TEST_TMP/data"
 export MTC_CELERY_EAGER=1
+# This run's nftables table (mtc/firewall.py): its uid block kept off its Redis, MariaDB
+# and PostgreSQL, and off the web servers tests start (mtc.devstack adds their ports).
+export MTC_FIREWALL="mtc_t$(printf '%s' "$TEST_TMP" | cksum | cut -d' ' -f1)"
 # Tests run node checks on demand; agent daemons on every test node would only
 # compete for the two cores.
 export MTC_LOCAL_NODE_AGENTS=0
@@ -37,9 +40,11 @@ export MTC_LOCAL_NODE_AGENTS=0
 export MTC_FABRIC_CHECK_ON_CREATE=0 MTC_FABRIC_CHECK_ON_REPAIR=0
 mkdir -p "$MTC_DATA_DIR"
 REDIS_PORT=$($PY -c 'from mtc.devstack import free_port; print(free_port())')
-export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$TEST_TMP" --daemonize no >"$TEST_TMP/redis.log" 2>&1 &
+# Its own password (mtc/redisauth.py: the default user off), in a 0600 config file: jobs
+# run on this host as other accounts, and a job must not use Redis.
+REDIS_URL=$($PY -m mtc.redisauth config "$TEST_TMP/redis.conf" "$REDIS_PORT" "$TEST_TMP")
+export REDIS_URL
+redis-server "$TEST_TMP/redis.conf" >"$TEST_TMP/redis.log" 2>&1 &
 REDIS_PID=$!
 
 PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)
@@ -90,6 +95,7 @@ EOF
     -c "CREATE ROLE mtc LOGIN CREATEDB PASSWORD '$password'" -c "CREATE DATABASE mtc OWNER mtc" \
     >&2 || return 1
   PG_URL="postgres://mtc:$password@127.0.0.1:$port/mtc"
+  PG_PORT=$port
 }
 
 ACCT_DIR="$TEST_TMP/accounting"
@@ -103,6 +109,7 @@ cleanup() {
   [[ -n ${IMAGE_PID:-} ]] && kill "$IMAGE_PID" 2>/dev/null && wait "$IMAGE_PID"
   [[ -n ${PG_PID:-} ]] && pkill -P "$PG_PID" 2>/dev/null && wait "$PG_PID"
   [[ -n ${DB_LANE_PID:-} ]] && pkill -P "$DB_LANE_PID" 2>/dev/null && wait "$DB_LANE_PID"
+  $PY -m mtc.firewall remove "$MTC_FIREWALL" >/dev/null 2>&1
   [[ -n $ACCT_STARTED ]] && $PY -m mtc.accounting stop "$ACCT_DIR"
   [[ -n $PG_STARTED ]] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" stop -m fast -s
   # Slurm daemons and job steps the tests started all mention the data dir.
@@ -122,7 +129,7 @@ PYEOF
 }
 trap cleanup EXIT
 
-for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping 2>&1 | grep -q -e PONG -e NOAUTH && break; sleep 0.1; done
 
 set -e
 echo "== django checks"
@@ -181,6 +188,10 @@ if [[ ,$PASSES, == *,postgres,* ]]; then
     exit 1
   fi
 fi
+FIREWALL_PORTS=("$REDIS_PORT")
+[[ -n ${PG_PORT:-} ]] && FIREWALL_PORTS+=("$PG_PORT")
+[[ -f $ACCT_DIR/run/mariadb.port ]] && FIREWALL_PORTS+=("$(cat "$ACCT_DIR/run/mariadb.port")")
+$PY -m mtc.firewall apply "$MTC_FIREWALL" "$UID_BLOCK-$UID_BLOCK_END" "${FIREWALL_PORTS[@]}"
 if [[ ,$PASSES, == *,sqlite,* ]]; then
   if (($# == 0)); then
     # A whole run: the node image's chroot tests (marker image: apt and pip in a Debian

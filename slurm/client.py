@@ -92,7 +92,13 @@ class SlurmClient:
         check: bool = True,
         env: dict[str, str] | None = None,
         cwd: str | None = None,
+        as_user: RunAs | None = None,
     ) -> subprocess.CompletedProcess:
+        """``args`` (an argument list, never a shell); ``as_user``: run as that account
+        (its uid, its group only), so Slurm authenticates the call as theirs."""
+        switch = {}
+        if as_user is not None:
+            switch = dict(user=as_user.uid, group=as_user.gid, extra_groups=[as_user.gid])
         try:
             proc = subprocess.run(
                 args,
@@ -103,6 +109,7 @@ class SlurmClient:
                 cwd=cwd,
                 timeout=timeout or self.timeout,
                 check=False,
+                **switch,
             )
         except subprocess.TimeoutExpired as exc:
             raise SlurmError(f"{args[0]} timed out", permanent=False, command=args) from exc
@@ -292,10 +299,12 @@ class SlurmClient:
         SLURM_* variables sbatch adds (task counts, submit dir and host, umask,
         resource limits). The submit dir is the job's --chdir.
 
-        As the owner: slurmrestd takes mtc's root token with ``X-SLURM-USER-NAME:
-        <owner>`` (only root or SlurmUser may speak for another user, so Slurm checks
-        it, and the job is the owner's as if they had submitted it); sbatch, the
-        fallback, gets ``--uid/--gid`` from root (sbatch --uid works only for root).
+        As the owner, on every path, so slurmctld judges every option as the owner's own
+        (``--priority``, ``--nice=-N``, a root-only partition, an operator's reservation
+        are theirs to ask only as far as Slurm lets them): slurmrestd gets a token minted
+        for the owner (``rest_auth(owner)``), and sbatch, for what REST cannot carry
+        (directives, options without a mapping) or when slurmrestd is down, runs as the
+        owner's account, never as root with ``--uid``.
         """
         from .rest import RestUnavailable, RestUnsuitable, option_values
 
@@ -318,9 +327,9 @@ class SlurmClient:
                 log.debug("submitting with sbatch: %s", exc)
             except RestUnsuitable as exc:
                 log.info("submitting with sbatch instead of slurmrestd: %s", exc)
-        if impersonate:
-            args = [args[0], f"--uid={run_as.uid}", f"--gid={run_as.gid}", *args[1:]]
-        proc = self.run(args, stdin=script, env=job_env, cwd=submit_dir)
+        proc = self.run(
+            args, stdin=script, env=job_env, cwd=submit_dir, as_user=run_as if impersonate else None
+        )
         return proc.stdout.strip().split(";")[0]
 
     def submit_rest(

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtc.accounting import PRIVATE_DATA
+
 # slurmd runs the cluster's health check (mtc's agent, quick checks, --slurm-drain) from
 # this wrapper, which the provider writes (clusters.providers.local_nodes).
 HEALTH_CHECK_PROGRAM = "etc/mtc-healthcheck.sh"
@@ -137,6 +139,9 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         # minutes, and every submit then waits in sbatch's retries until it times out.
         "MaxJobCount": "100000",
         "JobRequeue": "1",
+        # Users (and their jobs) see only their own jobs, usage, associations and
+        # accounts through squeue, scontrol, sacct and sshare; root (mtc) sees all.
+        "PrivateData": PRIVATE_DATA,
     }
     if conf.accounting:
         settings.update(

@@ -1,9 +1,11 @@
 """A local cluster's JWT key (etc/jwt_hs256.key, 0600) and the tokens mtc mints
 with it for slurmrestd, so REST submits can run as the job's owner.
 
-slurmctld checks HS256 tokens with this key (``AuthAltTypes=auth/jwt``). A token
-for root (SlurmUser) plus ``X-SLURM-USER-NAME: <owner>`` makes slurmrestd submit as
-the owner: Slurm lets only root and SlurmUser speak for another user that way."""
+slurmctld checks HS256 tokens with this key (``AuthAltTypes=auth/jwt``). mtc mints
+each request's token for the user it acts for (``sun``: the owner's name), as
+``scontrol token username=<owner>`` would: slurmctld then authenticates the request as
+the owner and judges its options as theirs. (A root token with ``X-SLURM-USER-NAME``
+speaks for anyone: one that leaked from a request would be root on the cluster.)"""
 
 from __future__ import annotations
 

@@ -96,15 +96,14 @@ class LocalProvider(LocalNodes, Provider):
         )
 
     def rest_auth(self, cluster: Cluster):
-        """user (None: mtc) -> slurmrestd's headers: mtc's own token, and the owner's
-        name for slurmrestd to submit as (jwt.py)."""
+        """user (None: mtc) -> slurmrestd's headers: a token minted for that user alone
+        (jwt.py), so slurmctld authenticates the request as theirs and judges its
+        options as theirs, never as root speaking for them."""
         root = self.root(cluster)
 
         def headers(user: str | None) -> dict[str, str]:
-            return {
-                "X-SLURM-USER-NAME": user or jwt.own_name(),
-                "X-SLURM-USER-TOKEN": jwt.token(root),
-            }
+            name = user or jwt.own_name()
+            return {"X-SLURM-USER-NAME": name, "X-SLURM-USER-TOKEN": jwt.token(root, user=name)}
 
         return headers
 

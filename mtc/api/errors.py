@@ -140,6 +140,7 @@ def exception_handler(exc, context):
             404: "NOT_FOUND",
             405: "METHOD_NOT_ALLOWED",
             409: "CONFLICT",
+            429: "RESOURCE_EXHAUSTED",
         }.get(response.status_code, getattr(exc, "default_code", "ERROR").upper())
         detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
         response.data = error_body(code, str(detail))

@@ -6,7 +6,8 @@ to build from the database, and on a small control plane that CPU is what client
 for. So a token-authenticated `GET /api/v1/...` that answered 200 with JSON is kept for
 MTC_API_READ_CACHE_SECONDS (default 1 s; 0 turns the cache off) and served again to the
 same user for the same URL and Accept header. Every hit still checks the token, so a
-revoked token stops at once.
+revoked token stops at once, and every entry carries a MAC under the secret key, so one
+planted by whoever reached Redis is ignored.
 
 Staleness is bounded both ways:
 - A write through the API (POST, PUT, PATCH or DELETE under /api/v1/ that is not
@@ -33,6 +34,7 @@ import time
 
 from django.conf import settings
 from django.http import HttpResponse
+from django.utils.crypto import constant_time_compare, salted_hmac
 
 from ..redisconn import deployment_namespace, redis_client
 from .auth import TokenAuthentication
@@ -84,6 +86,25 @@ def moved_paths(path: str) -> list[str]:
     return [API_PREFIX + "/".join(parts[:n]) for n in range(len(parts), lowest - 1, -1)]
 
 
+def _signature(key: str, value: bytes) -> bytes:
+    mac = salted_hmac("mtc.api.readcache", key.encode() + b"\n" + value, algorithm="sha256")
+    return mac.hexdigest().encode()
+
+
+def _signed(key: str, value: bytes) -> bytes:
+    """An entry as stored: a MAC of its key and value under the secret key, then the value.
+    Whoever reaches Redis without the secret key cannot plant an answer mtc would serve."""
+    return _signature(key, value) + b"\n" + value
+
+
+def _verified(key: str, entry: bytes) -> bytes | None:
+    mac, _, value = entry.partition(b"\n")
+    if not constant_time_compare(mac, _signature(key, value)):
+        log.warning("API read cache: an entry that mtc did not sign was ignored (%s)", key)
+        return None
+    return value
+
+
 def _generation_key(ns: str, path: str) -> str:
     return f"{ns}:gen:{hashlib.sha1(path.encode()).hexdigest()}"
 
@@ -124,8 +145,8 @@ class ApiReadCacheMiddleware:
             _store.failed(exc)
             return self.get_response(request)
         generation = (generation or b"-").decode()
-        if entry is not None:
-            head, _, body = entry.partition(b"\n")
+        if entry is not None and (value := _verified(entry_key, entry)) is not None:
+            head, _, body = value.partition(b"\n")
             meta = json.loads(head)
             if meta["g"] == generation:
                 return self.replay(meta, body)
@@ -138,7 +159,7 @@ class ApiReadCacheMiddleware:
             }
             value = json.dumps(meta).encode() + b"\n" + response.content
             try:
-                client.set(entry_key, value, px=max(1, int(ttl * 1000)))
+                client.set(entry_key, _signed(entry_key, value), px=max(1, int(ttl * 1000)))
             except Exception as exc:
                 _store.failed(exc)
         response["X-Mtc-Cache"] = "miss"

@@ -22,6 +22,7 @@ def ldap_mode(settings, slapd):
     for key, value in slapd.settings().items():
         setattr(settings, key, value)
     settings.AUTHENTICATION_BACKENDS = [
+        "axes.backends.AxesStandaloneBackend",
         "identity.ldap_backend.DirectoryBackend",
         "django.contrib.auth.backends.ModelBackend",
     ]

@@ -94,7 +94,7 @@ def test_another_users_output_and_checkpoints_are_out_of_reach(
     other = account_ensure(user=operator)
     their_root = cluster_root("idn") / "users" / other.name
     checkpoint = their_root / "runs" / "r1" / "checkpoints" / "step-000001"
-    for path in (checkpoint.parent.parent, checkpoint.parent, checkpoint):
+    for path in (their_root / "runs", checkpoint.parent.parent, checkpoint.parent, checkpoint):
         userfs.dir_own(path, other)
     (checkpoint / ".metadata").write_bytes(b"weights")
     give(checkpoint, other)

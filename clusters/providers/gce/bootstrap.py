@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from mtc.accounting import PRIVATE_DATA
 from slurm.config import (
     HEALTH_CHECK_INTERVAL,
     HEALTH_CHECK_NODE_STATE,
@@ -138,6 +139,7 @@ def accounting_script(spec: dict) -> str:
             "StorageUser=$STORAGE_USER",
             "StoragePass=$DB_PASS",
             "StorageLoc=slurm_acct_db",
+            f"PrivateData={PRIVATE_DATA}",
             "EOF",
             "systemctl enable --now slurmdbd",
             "systemctl restart slurmdbd",
@@ -234,6 +236,7 @@ def slurm_conf(
         "JobRequeue": "1",
         "KillWait": str(KILL_WAIT_S),  # time for a checkpoint after SIGTERM (slurm.config)
         "SchedulerType": "sched/backfill",
+        "PrivateData": PRIVATE_DATA,  # users see only their own jobs, usage and accounts
     }
     if munge_socket:
         settings["AuthInfo"] = f"socket={munge_socket}"

@@ -8,6 +8,7 @@ python manage.py mtc login <id>          # a shell on the cluster's login node
 python manage.py mtc bootstrap           # make sure the admin user exists
 python manage.py mtc demo                # create the demo cluster if there is none
 python manage.py mtc daemons stop        # stop every local cluster's daemons
+python manage.py mtc firewall up [--port N ...] | down  # jobs kept off mtc's listeners
 python manage.py mtc data tokenize IN OUT [--tokenizer F]  # pre-tokenized shards for pretraining
 python manage.py mtc gce image build --zone Z [--gpu] [--extras F]  # the gce node image
 """
@@ -83,6 +84,13 @@ class Command(BaseCommand):
         fault.add_argument("--kind", help="kill, disk, slow, ecc, xid, dcgm, sdc, gpu-missing")
         daemons = groups.add_parser("daemons", help="local cluster daemons")
         daemons.add_argument("action", choices=["stop"])
+        firewall = groups.add_parser(
+            "firewall", help="keep jobs' accounts off mtc's listeners (nftables, mtc/firewall.py)"
+        )
+        firewall.add_argument("action", choices=["up", "down"])
+        firewall.add_argument(
+            "--port", type=int, action="append", default=[], help="a listener of mtc's"
+        )
         gce = groups.add_parser("gce", help="Compute Engine: the node image")
         gce_nouns = gce.add_subparsers(dest="noun", required=True)
         image_verbs = gce_nouns.add_parser("image", help="the node image").add_subparsers(
@@ -424,3 +432,25 @@ class Command(BaseCommand):
         live = Cluster.objects.filter(state__in=CLUSTER_LIVE_STATES).count()
         if live:
             self.stdout.write("mtc: the next `make run` starts them again")
+
+    def firewall(self, opts) -> None:
+        """Redis's and the database's ports (when on this host) and the ones given."""
+        from urllib.parse import urlparse
+
+        from mtc import firewall
+
+        table = firewall.table_for(settings.DATA_DIR)
+        if opts["action"] == "down":
+            firewall.firewall_remove(table)
+            return
+        ports = list(opts["port"])
+        for url, default in ((settings.REDIS_URL, 6379),):
+            parsed = urlparse(url)
+            if parsed.hostname in ("127.0.0.1", "localhost", "::1"):
+                ports.append(parsed.port or default)
+        database = settings.DATABASES["default"]
+        if database.get("HOST") in ("127.0.0.1", "localhost", "::1") and database.get("PORT"):
+            ports.append(int(database["PORT"]))
+        uids = f"{settings.MTC_UID_RANGE},{os.environ.get('MTC_FIREWALL_UIDS', '')}".strip(",")
+        why = firewall.firewall_apply(table, uids=firewall.uid_ranges(uids), ports=ports)
+        self.stdout.write(firewall.say(why, uids, ports))
