@@ -107,6 +107,13 @@ def firewall_ports_add(table: str, ports: list[int]) -> bool:
     return done.returncode == 0
 
 
+def firewall_ports_remove(table: str, ports: list[int]) -> None:
+    """A listener gone (a TensorBoard stopped): its port is anyone's again."""
+    for port in ports:
+        if shutil.which("nft") and TABLE_RE.fullmatch(table):
+            _nft(None, "delete", "element", "inet", table, "ports", f"{{ {int(port)} }}")
+
+
 def firewall_ports(table: str) -> set[int]:
     """The ports the table keeps jobs off (empty without one)."""
     if not shutil.which("nft") or not TABLE_RE.fullmatch(table):

@@ -40,7 +40,7 @@ from clusters.models import Cluster
 from clusters.providers import procs
 from identity.services import account_ensure
 from jobs.models import Job
-from mtc import userfs
+from mtc import firewall, userfs
 
 from . import tensorboard_process as process
 from .tensorboard_process import TensorBoardError
@@ -61,6 +61,7 @@ class TensorBoard:
     port: int
     runs: dict[str, str] = field(default_factory=dict)
     job_pks: list[int] = field(default_factory=list)
+    uid: int | None = None  # the account it runs as: the proxy talks only to its socket
 
     @property
     def prefix(self) -> str:
@@ -147,6 +148,7 @@ def _get(cluster_id: str, key: str) -> TensorBoard | None:
         port=state["port"],
         runs=dict(state.get("runs") or {}),
         job_pks=list(state.get("job_pks") or []),
+        uid=state.get("uid") if isinstance(state.get("uid"), int) else None,
     )
 
 
@@ -193,6 +195,9 @@ def _stop_locked(directory: Path, cluster_id: str, key: str) -> bool:
     if pid is not None:
         procs.stop([pid], timeout=10)
         process.reap_children()
+    port = _read_state(directory).get("port")
+    if isinstance(port, int):
+        firewall.firewall_ports_remove(firewall.table_for(settings.DATA_DIR), [port])
     for name in ("tensorboard.pid", "state.json", "last_access"):
         (directory / name).unlink(missing_ok=True)
     return pid is not None
@@ -244,7 +249,10 @@ def tensorboard_open(*, cluster: Cluster, jobs: Iterable[Job], viewer) -> Tensor
         _write(directory / "state.json", json.dumps(state, indent=2))
         _write(directory / "tensorboard.pid", f"{pid}\n")
         _write(directory / "last_access", "")
-        return TensorBoard(cluster_id, key, pid, port, runs, sorted(job_pks))
+        # TensorBoard has no sign-in: jobs' accounts are kept off its port (mtc/firewall.py),
+        # and only mtc's proxy reaches it.
+        firewall.firewall_ports_add(firewall.table_for(settings.DATA_DIR), [port])
+        return TensorBoard(cluster_id, key, pid, port, runs, sorted(job_pks), uid)
 
 
 def _instances(cluster_id: str) -> list[str]:

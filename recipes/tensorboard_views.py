@@ -19,6 +19,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from identity.services import IdentityMissing
 from jobs import selectors
 from jobs.views import _cluster_or_404, _job_or_404
+from mtc.loopback import check_peer
 
 from . import tensorboard
 
@@ -118,7 +119,10 @@ def tensorboard_proxy(request, cluster_id: str, subpath: str = ""):
     connection = http.client.HTTPConnection("127.0.0.1", board.port, timeout=CONNECT_TIMEOUT_S)
     try:
         # The path is mtc's own (it starts with the prefix the URL matched); the host and
-        # port are TensorBoard's, from the state file.
+        # port are TensorBoard's, from the state file, and the socket that answers must
+        # be its account's (a process that took a freed port gets nothing).
+        connection.connect()
+        check_peer(connection.sock, board.uid, "TensorBoard's port")
         connection.request(request.method, request.get_full_path(), body=body, headers=headers)
         connection.sock.settimeout(READ_TIMEOUT_S)
         upstream = connection.getresponse()

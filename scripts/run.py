@@ -52,6 +52,8 @@ def main() -> int:
         # server, MariaDB and a local PostgreSQL (mtc/firewall.py; says so when it cannot).
         firewall = stack.manage("mtc", "firewall", "up", *stack.firewall_ports(port), check=False)
         print("mtc: " + (firewall.stdout + firewall.stderr).strip())
+        contained = stack.manage("mtc", "cgroups", check=False)
+        print("mtc: " + (contained.stdout + contained.stderr).strip())
         demo = stack.manage("mtc", "demo", check=False)
         print(demo.stdout + demo.stderr, end="")
         print(f"\nmtc is running at http://127.0.0.1:{port}/  (API docs: /api/docs/)")

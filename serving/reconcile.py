@@ -29,6 +29,7 @@ from .choices import (
     ReplicaState,
 )
 from .models import Endpoint, EndpointRequest, Replica
+from .selectors import replica_owner_uid
 from .services import (
     event_add,
     replica_job_cancel,
@@ -112,6 +113,7 @@ def replica_health(endpoint: Endpoint, replica: Replica) -> tuple[bool, str, dic
             "/health",
             token=endpoint.replica_token,
             timeout=conf.health_timeout_s(),
+            owner_uid=replica_owner_uid(endpoint),
         )
     except (ReplicaUnreachable, ReplicaTimeout) as exc:
         return False, f"health check failed: {exc}", {}

@@ -15,6 +15,7 @@ from node.replica.generation import RequestError, messages_parse, prompt_parse, 
 from . import conf, traffic
 from .choices import EndpointState, ReplicaState
 from .models import Endpoint, Replica
+from .selectors import replica_owner_uid
 from .services import replica_mark_unhealthy
 from .transport import ReplicaTimeout, ReplicaUnreachable, replica_call
 
@@ -99,6 +100,7 @@ def _forward(endpoint: Endpoint, replica: Replica, path: str, payload: bytes) ->
         token=endpoint.replica_token,
         body=payload,
         timeout=conf.request_timeout_s(),
+        owner_uid=replica_owner_uid(endpoint),
     )
     if response.status == 200:
         return Routed(body=response.body, replica_number=replica.number)

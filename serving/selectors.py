@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
+
+from identity.selectors import account_for
 
 from . import conf
 from .choices import DONE_REPLICA_STATES
@@ -119,3 +122,13 @@ def endpoint_recent_replicas(endpoint: Endpoint, *, limit: int = 10) -> QuerySet
         .select_related("job")
         .order_by("-number")[:limit]
     )
+
+
+def replica_owner_uid(endpoint: Endpoint) -> int | None:
+    """The uid a replica of the endpoint runs as on this host (a local cluster): mtc
+    sends the token only to a socket of that uid (serving.transport). None for a node
+    elsewhere, where the node's own exclusivity is what there is."""
+    if endpoint.cluster.provider != "local":
+        return None
+    account = account_for(user=endpoint.owner) if endpoint.owner_id else None
+    return account.uid if account is not None and account.isolated else os.geteuid()

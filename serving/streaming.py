@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from . import conf, traffic
 from .models import Endpoint, Replica
 from .routing import replica_refused, replicas_try
+from .selectors import replica_owner_uid
 from .services import replica_mark_unhealthy
 from .transport import ReplicaStream, ReplicaTimeout, ReplicaUnreachable, replica_stream
 
@@ -47,6 +48,7 @@ def completion_stream_route(*, endpoint: Endpoint, body: dict, chat: bool) -> St
             token=endpoint.replica_token,
             body=payload,
             timeout=conf.request_timeout_s(),
+            owner_uid=replica_owner_uid(endpoint),
         )
         if stream.status != 200:
             raise replica_refused(replica, stream.status, stream.read_body())

@@ -1,5 +1,8 @@
 """The one way mtc talks to replicas: HTTP/1.1 with kept-alive connections per thread
-(the router calls the same few replicas over and over) and a bearer token."""
+(the router calls the same few replicas over and over) and a bearer token. On this
+host, a new connection is used only once the socket that accepted it is the replica
+owner's (mtc.loopback): a job that took a dead replica's port gets neither the token
+nor the traffic."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import http.client
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from mtc.loopback import check_peer
 
 CONNECT_TIMEOUT_S = 2.0
 _local = threading.local()
@@ -38,6 +43,17 @@ def _drop(key: tuple[str, int]) -> None:
         conn.close()
 
 
+def _connect(host: str, port: int, owner_uid: int | None) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
+    try:
+        conn.connect()
+        check_peer(conn.sock, owner_uid, f"{host}:{port}")
+    except OSError as exc:  # refused, unreachable, no answer to the SYN, not the owner's
+        conn.close()
+        raise ReplicaUnreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc
+    return conn
+
+
 def replica_call(
     host: str,
     port: int,
@@ -47,7 +63,10 @@ def replica_call(
     token: str,
     body: bytes | None = None,
     timeout: float,
+    owner_uid: int | None = None,
 ) -> ReplicaResponse:
+    """``owner_uid``: the account the replica runs as (checked on a loopback connection
+    before anything is sent; None: nothing to check, a node elsewhere)."""
     key = (host, port)
     for attempt in (1, 2):
         conn = _pool().get(key)
@@ -56,12 +75,7 @@ def replica_call(
             conn = None
         reused = conn is not None
         if conn is None:
-            conn = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
-            try:
-                conn.connect()
-            except OSError as exc:  # refused, unreachable, or no answer to the SYN in time
-                conn.close()
-                raise ReplicaUnreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc
+            conn = _connect(host, port, owner_uid)
             _pool()[key] = conn
         try:
             conn.sock.settimeout(timeout)
@@ -127,17 +141,19 @@ class ReplicaStream:
 
 
 def replica_stream(
-    host: str, port: int, path: str, *, token: str, body: bytes, timeout: float
+    host: str,
+    port: int,
+    path: str,
+    *,
+    token: str,
+    body: bytes,
+    timeout: float,
+    owner_uid: int | None = None,
 ) -> ReplicaStream:
     """POST a streaming request on a connection of its own (the kept-alive ones serve
     whole answers; this one stays busy for as long as the stream lasts). ``timeout``
     bounds the wait for the headers and then for each event."""
-    conn = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
-    try:
-        conn.connect()
-    except OSError as exc:
-        conn.close()
-        raise ReplicaUnreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc
+    conn = _connect(host, port, owner_uid)
     try:
         conn.sock.settimeout(timeout)
         headers = {

@@ -37,6 +37,7 @@ class NodeConf:
     gpus: int = 0
     gpu_type: str = ""
     gpu_files: str = ""  # e.g. /path/dev/nvidia[0-7]
+    memory_mb: int = 0  # RealMemory (0: Slurm's default, 1 MB)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class ClusterConf:
     jwt_key: str = ""
     # None: no accounting (no slurmdbd configured; sacct has nothing to ask).
     accounting: AccountingConf | None = None
+    # Jobs contained by cgroup v1 (proctrack/cgroup, task/cgroup, cgroup.conf).
+    cgroups: bool = False
 
 
 def cluster_name(cluster_id: str) -> str:
@@ -110,9 +113,10 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         "SlurmdPidFile": str(root / "run" / "slurmd-%n.pid"),
         "SlurmctldLogFile": str(root / "log" / "slurmctld.log"),
         "SlurmdLogFile": str(root / "log" / "slurmd-%n.log"),
-        # Containers and laptops rarely give cgroups to nested daemons.
-        "ProctrackType": "proctrack/linuxproc",
-        "TaskPlugin": "task/none",
+        # Contained by cgroups where the host allows (render_cgroup_conf); else the
+        # processes are tracked by their parent and nothing is limited.
+        "ProctrackType": "proctrack/cgroup" if conf.cgroups else "proctrack/linuxproc",
+        "TaskPlugin": "task/cgroup" if conf.cgroups else "task/none",
         "SelectType": "select/cons_tres",
         "SelectTypeParameters": "CR_Core",
         "JobAcctGatherType": "jobacct_gather/none",
@@ -143,6 +147,12 @@ def render_slurm_conf(conf: ClusterConf) -> str:
         # accounts through squeue, scontrol, sacct and sshare; root (mtc) sees all.
         "PrivateData": PRIVATE_DATA,
     }
+    memories = [n.memory_mb // max(n.cpus, 1) for n in conf.nodes if n.memory_mb]
+    if memories:
+        # Memory is scheduled (nodes declare RealMemory); a job that asks none gets its
+        # cores' share, so jobs still share a node, and --mem=0 gets all of it.
+        settings["SelectTypeParameters"] = "CR_Core_Memory"
+        settings["DefMemPerCPU"] = str(min(memories))
     if conf.accounting:
         settings.update(
             {
@@ -187,9 +197,10 @@ def render_slurm_conf(conf: ClusterConf) -> str:
     ]
     for node in conf.nodes:
         gres = f" Gres=gpu:{node.gpu_type}:{node.gpus}" if node.gpus else ""
+        memory = f" RealMemory={node.memory_mb}" if node.memory_mb else ""
         lines.append(
             f"NodeName={node.name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={node.port}"
-            f" CPUs={node.cpus} Features={node.pool_id}{gres} State=UNKNOWN"
+            f" CPUs={node.cpus}{memory} Features={node.pool_id}{gres} State=UNKNOWN"
         )
     lines.append("")
     for part in conf.partitions:
@@ -199,6 +210,26 @@ def render_slurm_conf(conf: ClusterConf) -> str:
             f"PartitionName={part.name}{nodes} Default={default} MaxTime=INFINITE State=UP"
         )
     return "\n".join(lines) + "\n"
+
+
+def render_cgroup_conf(conf: ClusterConf) -> str:
+    """cgroup v1 (this host mounts both versions; v1 has cpuset, memory, devices and
+    freezer): a job's processes, cores, memory and GPU devices are its own, and every
+    process of it ends with it."""
+    if not conf.cgroups:
+        return "# Written by mtc: this host gives local clusters no cgroups.\n"
+    return "\n".join(
+        [
+            "# Written by mtc.",
+            "CgroupPlugin=cgroup/v1",
+            "CgroupMountpoint=/sys/fs/cgroup",
+            "ConstrainCores=yes",
+            "ConstrainRAMSpace=yes",
+            "ConstrainSwapSpace=yes",
+            "ConstrainDevices=yes",
+            "",
+        ]
+    )
 
 
 def render_gres_conf(conf: ClusterConf) -> str:

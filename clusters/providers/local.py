@@ -18,6 +18,7 @@ import logging
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +33,7 @@ from slurm import SlurmClient, SlurmError
 from slurm import config as slurm_config
 from slurm.rest import RestClient
 
-from . import jwt, munge, owned, procs
+from . import cgroups, jwt, munge, owned, procs
 from .base import Provider, ProviderError
 from .local_nodes import HARDWARE_FAULTS, LocalNodes
 
@@ -287,7 +288,7 @@ class LocalProvider(LocalNodes, Provider):
         dev = self.node_dir(cluster, node.name) / "dev"
         dev.mkdir(parents=True, exist_ok=True)
         for i in range(node.gpus):
-            (dev / f"nvidia{i}").touch()
+            _emulated_gpu(dev / f"nvidia{i}", i)
         return f"{dev}/nvidia[0-{node.gpus - 1}]" if node.gpus > 1 else f"{dev}/nvidia0"
 
     def _write_hooks(self, cluster: Cluster, kind: str, scripts: list[str]) -> str:
@@ -336,6 +337,7 @@ class LocalProvider(LocalNodes, Provider):
                     gpus=n.gpus,
                     gpu_type=n.gpu_type,
                     gpu_files=self._gpu_files(cluster, n) if n.gpus else "",
+                    memory_mb=cgroups.host_memory_mb(),
                 )
                 for n in nodes
             ],
@@ -346,12 +348,14 @@ class LocalProvider(LocalNodes, Provider):
             epilog=self._write_hooks(cluster, "epilog", slurm_spec["epilog_bash_scripts"]),
             jwt_key=str(jwt.key_path(self.root(cluster))),
             accounting=self._accounting(),
+            cgroups=cgroups.cgroups_problem() is None,
         )
         changed = False
         etc = self.root(cluster) / "etc"
         for filename, text in (
             ("slurm.conf", slurm_config.render_slurm_conf(conf)),
             ("gres.conf", slurm_config.render_gres_conf(conf)),
+            ("cgroup.conf", slurm_config.render_cgroup_conf(conf)),
         ):
             path = etc / filename
             if not path.exists() or path.read_text() != text:
@@ -478,6 +482,7 @@ class LocalProvider(LocalNodes, Provider):
             self._power_off(cluster, node)
             shutil.rmtree(self.node_dir(cluster, node.name), ignore_errors=True)
             (self.root(cluster) / "run" / f"slurmd-{node.name}.pid").unlink(missing_ok=True)
+            cgroups.node_cgroups_remove(node.name)
 
     def delete_cluster(self, cluster: Cluster) -> None:
         root = self.root(cluster)
@@ -504,6 +509,9 @@ class LocalProvider(LocalNodes, Provider):
             raise ProviderError(f"processes {left} would not stop", code="DAEMON_STOP_FAILED")
         Path(self.munge_socket(cluster)).unlink(missing_ok=True)
         Path(self.rest_socket(cluster)).unlink(missing_ok=True)
+        nodes_dir = root / "nodes"
+        for name in os.listdir(nodes_dir) if nodes_dir.is_dir() else []:
+            cgroups.node_cgroups_remove(name)
         shutil.rmtree(root, ignore_errors=True)
 
     def stop_cluster(self, cluster: Cluster) -> None:
@@ -577,3 +585,25 @@ def _reap_restd() -> None:
     for pid, proc in list(_restd_children.items()):
         if proc.poll() is not None:
             del _restd_children[pid]
+
+
+# NVIDIA's character devices (major 195, minor = the GPU's index): an emulated GPU is
+# one too, so the devices cgroup allows a job its own and refuses the others as it
+# would real ones (opening one answers ENXIO: no driver). A plain file where mknod is
+# not allowed (Slurm then cannot constrain devices; cgroups.py says so).
+NVIDIA_MAJOR = 195
+
+
+def _emulated_gpu(path: Path, index: int) -> None:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None and stat.S_ISCHR(info.st_mode) and os.minor(info.st_rdev) == index:
+        return
+    if info is not None:
+        path.unlink()
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, index))
+    except PermissionError:
+        path.touch()

@@ -9,6 +9,7 @@ python manage.py mtc bootstrap           # make sure the admin user exists
 python manage.py mtc demo                # create the demo cluster if there is none
 python manage.py mtc daemons stop        # stop every local cluster's daemons
 python manage.py mtc firewall up [--port N ...] | down  # jobs kept off mtc's listeners
+python manage.py mtc cgroups             # whether local clusters' jobs are contained here
 python manage.py mtc data tokenize IN OUT [--tokenizer F]  # pre-tokenized shards for pretraining
 python manage.py mtc gce image build --zone Z [--gpu] [--extras F]  # the gce node image
 """
@@ -91,6 +92,7 @@ class Command(BaseCommand):
         firewall.add_argument(
             "--port", type=int, action="append", default=[], help="a listener of mtc's"
         )
+        groups.add_parser("cgroups", help="whether local clusters' jobs get cgroups here")
         gce = groups.add_parser("gce", help="Compute Engine: the node image")
         gce_nouns = gce.add_subparsers(dest="noun", required=True)
         image_verbs = gce_nouns.add_parser("image", help="the node image").add_subparsers(
@@ -454,3 +456,18 @@ class Command(BaseCommand):
         uids = f"{settings.MTC_UID_RANGE},{os.environ.get('MTC_FIREWALL_UIDS', '')}".strip(",")
         why = firewall.firewall_apply(table, uids=firewall.uid_ranges(uids), ports=ports)
         self.stdout.write(firewall.say(why, uids, ports))
+
+    def cgroups(self, opts) -> None:
+        from clusters.providers.cgroups import cgroups_problem
+
+        why = cgroups_problem()
+        if why is None:
+            self.stdout.write(
+                "cgroups: local clusters' jobs are contained (cores, memory, GPU devices, "
+                "every process; cgroup v1)"
+            )
+        else:
+            self.stdout.write(
+                f"cgroups: none ({why}); local clusters' jobs are not contained (no "
+                "memory or core limits, a process a job leaves behind outlives it)"
+            )
