@@ -99,12 +99,15 @@ def _parts(path: str | Path) -> list[str]:
     text = os.fspath(path)
     if not text.startswith("/"):
         raise UnsafePath(text, "not an absolute path")
-    return [p for p in text.split("/") if p not in ("", ".")]
+    parts = [p for p in text.split("/") if p not in ("", ".")]
+    if ".." in parts:  # mtc builds its paths: one with '..' is nobody's to walk
+        raise UnsafePath(text, "holds '..'")
+    return parts
 
 
 class _Walk:
     """The directories from ``/`` down to the current one (so ``..`` in a link mtc made
-    goes back to the real parent). Closes every descriptor but the ones handed out."""
+    goes back to the real parent), each open until ``close``."""
 
     def __init__(self) -> None:
         fd = os.open("/", _DIR)
@@ -115,10 +118,9 @@ class _Walk:
     def here(self) -> _Dir:
         return self.stack[-1]
 
-    def close(self, keep: int | None = None) -> None:
+    def close(self) -> None:
         for entry in self.stack:
-            if entry.fd != keep:
-                os.close(entry.fd)
+            os.close(entry.fd)
         self.stack = []
 
     def _name(self, name: str) -> str:
@@ -173,8 +175,6 @@ def _walk_to_parent(path: str | Path) -> tuple[_Walk, str]:
     parts = _parts(path)
     if not parts:
         raise UnsafePath(path, "is /")
-    if ".." in parts:
-        raise UnsafePath(path, "holds '..'")
     walk = _Walk()
     try:
         for part in parts[:-1]:

@@ -5,9 +5,9 @@ max(HANG_FACTOR x its median step time, MTC_HANG_FLOOR_S) is hung: one rank stop
 the others wait in a collective, which never times out on its own (gloo's and NCCL's
 timeouts are tens of minutes). Then mtc
 
-1. signals the job's steps with SIGURG (scancel --signal): each rank's faulthandler
-   (node/train/stacks.py) appends its stacks to ``<run>/stacks/rank-R.txt``; a stopped
-   rank writes nothing;
+1. asks every rank for its stacks (a request file each rank's watcher thread answers by
+   signalling its own faulthandler, node/train/stacks.py), which it appends to
+   ``<run>/stacks/rank-R.txt``; a stopped rank writes nothing;
 2. names the rank that is not inside the collective: the one rank with no fresh dump, else
    the one rank whose training thread is outside torch.distributed and backward;
 3. copies the stacks into the job's stderr file (what the job page's output shows);
@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import statistics
 import time
 from collections.abc import Callable
@@ -43,12 +44,13 @@ from django.utils import timezone
 from clusters.models import Node
 from clusters.providers import get_provider
 from health.services import failures_update
+from identity.selectors import account_for
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent, JobHang, JobMetric
 from jobs.selectors import job_output_path
 from mtc import userfs
 from node.train.config import SAVING_EVENT
-from node.train.stacks import STACKS_SIGNAL, stacks_path
+from node.train.stacks import stacks_path, stacks_request_path
 from slurm import SlurmError
 
 from .memory import signal_lead
@@ -214,14 +216,25 @@ def _sizes(paths: list[Path]) -> list[int]:
     return out
 
 
-def stacks_collect(job: Job, client, world: int) -> list[RankStacks]:
-    """Signal the job for stacks and read each rank's fresh dump."""
+def _stacks_ask(job: Job, run_dir: Path) -> None:
+    """Write the run's stacks request anew (node/train/stacks.py): each rank's watcher
+    signals its own process. A file, not a signal from Slurm: under proctrack/cgroup
+    Slurm signals only a step's tasks (torchrun), never its ranks."""
+    account = account_for(user=job.owner) if job.owner_id else None
+    mine = account if account is not None and account.isolated else None
+    userfs.write(stacks_request_path(run_dir), secrets.token_hex(8) + "\n", account=mine)
+
+
+def stacks_collect(job: Job, world: int) -> list[RankStacks]:
+    """Ask the job's ranks for their stacks and read each rank's fresh dump."""
     run_dir = Path(job.checkpoint_dir).parent
     paths = [stacks_path(run_dir, rank) for rank in range(world)]
     before = _sizes(paths)
-    # The steps' processes (where the ranks are). Slurm 22.05's --full reached the batch
-    # step here but not the ranks of step 0 (tests/test_hang_e2e.py saw no dump with it).
-    client.job_signal(job.job_id, str(int(STACKS_SIGNAL)), full=False)
+    try:
+        _stacks_ask(job, run_dir)
+    except OSError as exc:  # no rank set up its stacks (or the folder is not theirs)
+        log.warning("job %s: could not ask for stacks: %s", job, exc)
+        return [RankStacks(rank=r, node="", fresh=False, text="") for r in range(world)]
     deadline = time.monotonic() + STACKS_WAIT_S
     while time.monotonic() < deadline:
         # A dump is written in one go by the signal handler; stop once every rank grew.
@@ -328,12 +341,8 @@ def hang_handle(
         return None  # found by another round first: that one acts
     client = get_provider(job.cluster.provider).slurm(job.cluster)
     world = int(job.metrics.get("world_size") or job.nodes)
-    try:
-        ranks = stacks_collect(job, client, world)
-    except SlurmError as exc:
-        log.warning("job %s: no stacks: %s", job, exc)
-        ranks = []
-    rank, why = hung_rank(ranks) if ranks else (None, "the job could not be signalled")
+    ranks = stacks_collect(job, world)
+    rank, why = hung_rank(ranks) if ranks else (None, "the job's ranks could not be asked")
     node = _rank_node(job, client, rank, world, ranks[rank].node) if rank is not None else ""
     idle = (now - since).total_seconds()
     head = (

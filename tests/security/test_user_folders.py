@@ -283,12 +283,8 @@ def test_run_files_planted_as_links_or_fifos_are_not_read_and_others_rounds_go_o
     assert not JobMetric.objects.filter(job=mine).exists()
     assert job_step_times(mine) == []
 
-    class Client:
-        def job_signal(self, *args, **kwargs):
-            pass
-
     started = time.monotonic()
-    ranks = stacks_collect(mine, Client(), 1)
+    ranks = stacks_collect(mine, 1)
     assert time.monotonic() - started < 10
     assert ranks[0].text == "" and "CANARY" not in ranks[0].node
     assert secret_line not in root_only.file.read_text()
