@@ -20,6 +20,9 @@ each opened relative to the one above it (``openat``), and acts on descriptors.
 
 ``UnsafePath`` is an ``OSError``: a poller that treats an unreadable file as "nothing
 yet" goes on with its other jobs. docs/security.md has the boundary and its tests.
+
+(Past 400 lines by design: this is the one module every root touch of a user's tree goes
+through; its walk and its operations share the rules above and are read together.)
 """
 
 from __future__ import annotations
@@ -231,13 +234,11 @@ def _open_in(where: _Dir, name: str, flags: int, path: str | Path, mode: int = 0
         raise
 
 
-# --- reading ----------------------------------------------------------------------------
-@contextlib.contextmanager
-def open_read(path: str | Path, *, owner: int | None = None) -> Iterator[BinaryIO]:
-    """A regular file opened for reading. In a user's tree it must be that user's;
-    ``owner`` (a uid) asks for it wherever it is."""
+def _open_file(path: str | Path, flags: int, owner: int | None) -> int:
+    """A descriptor of the regular file at ``path`` (in a user's tree, theirs), blocking
+    again once it is known to be one (it was opened O_NONBLOCK: a FIFO never waits)."""
     with _parent(path) as (where, name):
-        fd = _open_in(where, name, _READ, path)
+        fd = _open_in(where, name, flags, path)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -247,6 +248,15 @@ def open_read(path: str | Path, *, owner: int | None = None) -> Iterator[BinaryI
     except BaseException:
         os.close(fd)
         raise
+    return fd
+
+
+# --- reading ----------------------------------------------------------------------------
+@contextlib.contextmanager
+def open_read(path: str | Path, *, owner: int | None = None) -> Iterator[BinaryIO]:
+    """A regular file opened for reading. In a user's tree it must be that user's;
+    ``owner`` (a uid) asks for it wherever it is."""
+    fd = _open_file(path, _READ, owner)
     with os.fdopen(fd, "rb") as fh:
         yield fh
 
@@ -340,6 +350,31 @@ def _give(fd: int, account: Owner | None, mode: int) -> None:
     os.fchmod(fd, mode)
 
 
+def _given(fd: int, account: Owner | None, mode: int) -> int:
+    """``fd`` handed to the account (closed if that fails)."""
+    try:
+        _give(fd, account, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fill(fd: int, data: bytes, account: Owner | None, mode: int) -> None:
+    """Hand a new file to the account, write it whole, close it."""
+    try:
+        _give(fd, account, mode)
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
 def _account_may_write(where: _Dir, path: str | Path, account: Owner | None) -> None:
     """mtc writes for ``account`` only in mtc's folders or in that account's own tree."""
     mine = account.uid if account is not None else None
@@ -349,17 +384,9 @@ def _account_may_write(where: _Dir, path: str | Path, account: Owner | None) -> 
 
 def append(path: str | Path, data: bytes, *, owner: int | None = None) -> None:
     """Add to the end of an existing regular file (a job's stderr, say)."""
-    with _parent(path) as (where, name):
-        fd = _open_in(where, name, _APPEND, path)
+    fd = _open_file(path, _APPEND, owner)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnsafePath(path, "is not a regular file")
-        _check_owner(info, where, path, owner)
-        os.set_blocking(fd, True)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, data)
     finally:
         os.close(fd)
 
@@ -374,13 +401,7 @@ def write(path: str | Path, data: bytes | str, *, account: Owner | None, mode: i
         tmp = f".{name}.{secrets.token_hex(6)}.tmp"
         fd = _open_in(where, tmp, _CREATE, path, 0o600)
         try:
-            try:
-                _give(fd, account, mode)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
+            _fill(fd, data, account, mode)
             os.rename(tmp, name, src_dir_fd=where.fd, dst_dir_fd=where.fd)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -395,13 +416,7 @@ def create(path: str | Path, *, account: Owner | None, mode: int = 0o600) -> int
         _account_may_write(where, path, account)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=where.fd)
-        fd = _open_in(where, name, _CREATE, path, 0o600)
-        try:
-            _give(fd, account, mode)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return _given(_open_in(where, name, _CREATE, path, 0o600), account, mode)
 
 
 def dir_pass(path: str | Path, *, mode: int = 0o711) -> Path:
@@ -493,13 +508,7 @@ def mkdir_at(dir_fd: int, name: str, account: Owner | None, *, mode: int = 0o700
     if "/" in name or name in ("", ".", ".."):
         raise UnsafePath(name, "is not one name")
     os.mkdir(name, 0o700, dir_fd=dir_fd)
-    fd = os.open(name, _DIR, dir_fd=dir_fd)
-    try:
-        _give(fd, account, mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _given(os.open(name, _DIR, dir_fd=dir_fd), account, mode)
 
 
 def write_at(
@@ -508,14 +517,7 @@ def write_at(
     """A new file ``name`` inside a folder mtc holds open (O_EXCL), the account's."""
     if isinstance(data, str):
         data = data.encode()
-    fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
-    try:
-        _give(fd, account, mode)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
+    _fill(os.open(name, _CREATE, 0o600, dir_fd=dir_fd), data, account, mode)
 
 
 def remove(path: str | Path) -> bool:

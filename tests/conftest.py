@@ -68,6 +68,18 @@ def user(django_user_model):
 
 
 @pytest.fixture
+def local_identity(db, settings):
+    """MTC_IDENTITY=local: real Unix accounts for the personas, removed after the test."""
+    from identity.models import PosixAccount
+    from identity.sources import local
+
+    settings.MTC_IDENTITY = "local"
+    yield
+    for name in PosixAccount.objects.filter(source="local").values_list("name", flat=True):
+        local.account_delete(name)
+
+
+@pytest.fixture
 def operator_api(operator) -> APIClient:
     from mtc.tokens import token_create
 

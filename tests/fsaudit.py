@@ -13,24 +13,13 @@ import sys
 import threading
 from pathlib import Path
 
+from .apps import DJANGO_APPS
+
 REPO = Path(__file__).resolve().parent.parent
 TESTS = str(REPO / "tests") + os.sep
 USERFS = str(REPO / "mtc" / "userfs.py")
 NODE = str(REPO / "node") + os.sep
-APPS = tuple(
-    str(REPO / app) + os.sep
-    for app in (
-        "mtc",
-        "identity",
-        "slurm",
-        "clusters",
-        "jobs",
-        "recipes",
-        "health",
-        "registry",
-        "serving",
-    )
-)
+APPS = tuple(str(REPO / app) + os.sep for app in DJANGO_APPS)
 # A user's home on a run root, or below it; a TensorBoard instance's own/ folder.
 USER_TREE_RE = re.compile(r"/users/[a-z_][a-z0-9_-]{0,31}(?:/|$)|/tensorboard/[^/]+/u[0-9]+/own")
 # event -> the positions of its path arguments (sys.audit's documented arguments).

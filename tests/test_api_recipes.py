@@ -203,18 +203,6 @@ def grant_by_acl(path: Path, uid: int) -> None:
 
 
 @pytest.fixture
-def local_identity(db, settings):
-    """MTC_IDENTITY=local; the Unix accounts the test made are removed after it."""
-    from identity.models import PosixAccount
-    from identity.sources import local
-
-    settings.MTC_IDENTITY = "local"
-    yield
-    for name in PosixAccount.objects.filter(source="local").values_list("name", flat=True):
-        local.account_delete(name)
-
-
-@pytest.fixture
 def submits(monkeypatch) -> list:
     from slurm import client
 

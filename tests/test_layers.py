@@ -5,18 +5,7 @@ from __future__ import annotations
 
 import grimp
 
-PACKAGES = (
-    "mtc",
-    "identity",
-    "slurm",
-    "clusters",
-    "jobs",
-    "recipes",
-    "health",
-    "registry",
-    "serving",
-    "node",
-)
+from .apps import PACKAGES
 
 
 def _circles(graph) -> list[list[str]]:

@@ -54,15 +54,3 @@ class RootOnly:
 @pytest.fixture
 def root_only(settings):
     return RootOnly(Path(settings.DATA_DIR) / "clusters" / "rc" / "etc")
-
-
-@pytest.fixture
-def local_identity(db, settings):
-    """MTC_IDENTITY=local: real Unix accounts, removed after the test."""
-    from identity.models import PosixAccount
-    from identity.sources import local
-
-    settings.MTC_IDENTITY = "local"
-    yield
-    for name in PosixAccount.objects.filter(source="local").values_list("name", flat=True):
-        local.account_delete(name)

@@ -37,17 +37,6 @@ for command in (b"PING", b"AUTH default x", b"AUTH mtc wrong", b"KEYS *", b"CLIE
 """
 
 
-@pytest.fixture
-def local_identity(settings):
-    from identity.models import PosixAccount
-    from identity.sources import local
-
-    settings.MTC_IDENTITY = "local"
-    yield
-    for name in PosixAccount.objects.filter(source="local").values_list("name", flat=True):
-        local.account_delete(name)
-
-
 def test_a_job_that_reaches_redis_cannot_authenticate_or_read_the_password(local_identity, user):
     account = account_ensure(user=user)
     url = urlparse(django_settings.REDIS_URL)

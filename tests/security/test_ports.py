@@ -72,17 +72,6 @@ while True:
 """
 
 
-@pytest.fixture
-def local_identity(settings):
-    from identity.models import PosixAccount
-    from identity.sources import local
-
-    settings.MTC_IDENTITY = "local"
-    yield
-    for name in PosixAccount.objects.filter(source="local").values_list("name", flat=True):
-        local.account_delete(name)
-
-
 def test_a_job_on_a_dead_replicas_port_gets_neither_the_token_nor_the_traffic(
     local_identity, user, django_user_model, tmp_path
 ):

@@ -19,39 +19,18 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from clusters.models import Cluster
-from clusters.spec import validate_cluster_spec
 from identity.services import account_ensure
 from jobs.models import Job, JobMetric
-from recipes.catalog import RECIPES
 
-from ..conftest import make_spec
+from ..test_api_recipes import cluster, submits
+from ..test_recipe_pages import form_values
 from .conftest import make_dirs, make_fifo, plant_link
 
 pytestmark = pytest.mark.security
+__all__ = ["cluster", "submits"]  # fixtures these tests use: the cluster rc, a fake sbatch
 JOBS = "/api/v1/clusters/rc/jobs"
 LAUNCH_API = "/api/v1/clusters/rc/recipes/llama-pretrain/launch"
 LAUNCH_PAGE = "/clusters/rc/recipes/llama-pretrain/launch/"
-
-
-@pytest.fixture
-def cluster(db):
-    spec = validate_cluster_spec(make_spec("rc", nodes=2))
-    return Cluster.objects.create(cluster_id="rc", spec=spec, state="RUNNING")
-
-
-@pytest.fixture
-def submits(monkeypatch) -> list:
-    from slurm import client
-
-    seen: list = []
-
-    def fake_submit(self, args, script, env, **kwargs):  # the Slurm boundary
-        seen.append(args)
-        return str(60 + len(seen))
-
-    monkeypatch.setattr(client.SlurmClient, "submit", fake_submit)
-    return seen
 
 
 @pytest.fixture
@@ -104,17 +83,6 @@ def test_a_link_for_runs_is_refused_on_a_recipe_launch_through_the_api(
     refused(response, path / "runs")
     root_only.assert_untouched()
     assert len(submits) == 1 and not Job.objects.filter(recipe="llama-pretrain").exists()
-
-
-def form_values() -> dict:
-    data = {"nodes": "2", "partition": "gpu", "gpus_per_node": "", "name": "", "time_limit": ""}
-    for param in RECIPES["llama-pretrain"].params:
-        if param.kind == "bool":
-            if param.default:
-                data[param.name] = "on"
-        elif param.default is not None:
-            data[param.name] = str(param.default)
-    return data
 
 
 def test_a_chosen_run_name_planted_as_a_link_is_taken_on_a_web_launch(

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ..apps import DJANGO_APPS
+
 pytestmark = pytest.mark.security
 REPO = Path(__file__).resolve().parents[2]
-APPS = ("mtc", "identity", "slurm", "clusters", "jobs", "recipes", "health", "registry", "serving")
 USERFS = REPO / "mtc" / "userfs.py"
 
 CHOWNS = {("os", "chown"), ("os", "lchown"), ("os", "fchown"), ("shutil", "chown")}
@@ -63,7 +64,7 @@ FD_FUNCS = {"close", "read", "write", "fstat", "fchmod", "fdopen", "lseek", "fsy
 
 def app_files() -> list[Path]:
     files = []
-    for app in APPS:
+    for app in DJANGO_APPS:
         files += [p for p in (REPO / app).rglob("*.py") if "migrations" not in p.parts]
     return sorted(files)
 
