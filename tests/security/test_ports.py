@@ -40,6 +40,8 @@ def connect_as(account, port: int) -> str:
 
 
 def test_another_users_job_is_refused_by_a_tensorboard_port(isolated):
+    if why := firewall.firewall_problem():  # the host gives no nft: make test says so
+        pytest.skip(f"no firewall on this host: {why}")
     ada, bob = isolated["ada"], isolated["bob"]
     assert ada["client"].post(f"/clusters/{ISO_ID}/jobs/21/tensorboard/").status_code == 302
     ada_run = tensorboard.run_name(ada["job"])
