@@ -37,9 +37,11 @@ class RootOnly:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chown(path, 0, 0)  # as root made it, whatever an earlier test did to it
         os.chmod(path, 0o700)
         self.file = path / "healthcheck.sh"
         self.file.write_text(self.CONTENT)
+        os.chown(self.file, 0, 0)
         os.chmod(self.file, 0o700)
 
     def assert_untouched(self) -> None:
