@@ -11,7 +11,7 @@ import pytest
 
 from jobs.models import Job
 
-from .test_api_recipes import cluster, local_identity, submits  # noqa: F401 - fixtures
+from .test_api_recipes import cluster, submits  # noqa: F401 - fixtures
 
 CONFIG = {"model_type": "llama", "vocab_size": 320, "hidden_size": 32}
 
